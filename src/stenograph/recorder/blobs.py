@@ -1,0 +1,84 @@
+"""Content-addressed blob store for bodies too bulky to sit in an event.
+
+An event refers to a blob as ``{"sha256": hex, "size": n}`` (see ``BlobRef``).
+A blob is written atomically: temp file, fsync, rename, fsync of the directory,
+so a blob that has a name is complete, and a crash leaves at most a temp file.
+Writing the same bytes twice is free: the name is the hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stenograph.recorder.errors import BadInput, CorruptLog
+
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    sha256: str
+    size: int
+
+    def to_body(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "size": self.size}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> BlobRef:
+        sha, size = body.get("sha256"), body.get("size")
+        if not (isinstance(sha, str) and len(sha) == 64 and set(sha) <= _HEX
+                and isinstance(size, int) and size >= 0):
+            raise BadInput(f"not a blob reference: {body!r}")
+        return cls(sha, size)
+
+
+class BlobStore:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def path_of(self, sha256: str) -> Path:
+        return self.root / sha256[:2] / sha256[2:]
+
+    def put(self, data: bytes) -> BlobRef:
+        """Store ``data`` durably; return its reference."""
+        sha = hashlib.sha256(data).hexdigest()
+        ref = BlobRef(sha, len(data))
+        final = self.path_of(sha)
+        if final.exists() and final.stat().st_size == len(data):
+            return ref
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        dfd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return ref
+
+    def get(self, ref: BlobRef | str) -> bytes:
+        """Read a blob back and check it against its hash."""
+        sha = ref.sha256 if isinstance(ref, BlobRef) else ref
+        path = self.path_of(sha)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise BadInput(f"blob {sha[:16]}... is missing", str(self.root)) from None
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise CorruptLog("blob content does not match its hash", str(path), 0)
+        return data
+
+    def has(self, sha256: str) -> bool:
+        return self.path_of(sha256).exists()

@@ -1,0 +1,87 @@
+"""Errors, each carrying the CLI exit code that DESIGN.md assigns to it.
+
+The CLI prints ``stenograph: error: <what> (<where>)`` and exits with
+``exit_code``; a traceback is reserved for bugs, never for bad input.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadInput",
+    "CorruptLog",
+    "FormatVersionError",
+    "NeedsPerson",
+    "NotAStore",
+    "ReplayDiverged",
+    "StenographError",
+    "StoreLocked",
+    "StorePoisoned",
+    "UnknownKind",
+]
+
+
+class StenographError(Exception):
+    """Root of every error stenograph raises on purpose."""
+
+    exit_code = 2
+
+    def __init__(self, what: str, where: str | None = None) -> None:
+        super().__init__(what if where is None else f"{what} ({where})")
+        self.what = what
+        self.where = where
+
+
+class BadInput(StenographError):
+    """Usage error or input that cannot be read as what it claims to be."""
+
+    exit_code = 2
+
+
+class NotAStore(BadInput):
+    """A path given as a store is not one."""
+
+
+class StoreLocked(BadInput):
+    """Another process holds the store's writer lock."""
+
+
+class FormatVersionError(BadInput):
+    """The file was written by a newer (or unknown) format version."""
+
+
+class UnknownKind(BadInput):
+    """An event kind outside the closed set this build knows."""
+
+
+class CorruptLog(StenographError):
+    """A bad frame somewhere other than the torn tail of the last segment."""
+
+    exit_code = 3
+
+    def __init__(self, what: str, segment: str, offset: int) -> None:
+        super().__init__(what, f"{segment} @ {offset}")
+        self.segment = segment
+        self.offset = offset
+
+
+class StorePoisoned(StenographError):
+    """An fdatasync failed; the store refuses further writes.
+
+    After a failed fsync the kernel may have dropped the dirty pages, so a
+    retry could report success for data that is gone. The only safe move is to
+    stop writing and let the next open recover from what is on disk.
+    """
+
+    exit_code = 3
+
+
+class ReplayDiverged(StenographError):
+    """The replayed program asked for something the tape does not account for."""
+
+    exit_code = 1
+
+
+class NeedsPerson(StenographError):
+    """An in-doubt action that only a person can settle."""
+
+    exit_code = 4

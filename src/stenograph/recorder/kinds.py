@@ -1,0 +1,56 @@
+"""The closed set of event kinds and the format version that defines it.
+
+A kind is written as its name. A reader that meets a name outside this set
+refuses it and names the format version, instead of skipping it: a silently
+skipped event would make a replay or a fold quietly wrong.
+"""
+
+from __future__ import annotations
+
+from stenograph.recorder.errors import UnknownKind
+
+FORMAT_VERSION = 1
+"""Bumped whenever a kind is added or a frame/envelope layout changes."""
+
+HARNESS_KINDS = frozenset(
+    {
+        "TaskStarted",
+        "ContextBuilt",
+        "ModelReplied",
+        "Authorized",
+        "ApprovalRequested",
+        "ApprovalResolved",
+        "ToolIntent",
+        "ToolResult",
+        "Compacted",
+        "Checkpoint",
+        "Drift",
+        "Settled",
+        "Escalated",
+        "LeaseAcquired",
+    }
+)
+
+TAPE_KINDS = frozenset(
+    {
+        "RunStarted",  # argv, cwd, environment whitelist, versions
+        "TapeChunk",  # a batch of one stream's raw records from the shim
+        "ProcessStarted",  # a process joined the recorded tree
+        "ProcessEnded",  # its exit status
+        "Exchange",  # one HTTP / model / tool call and its result
+        "RunEnded",  # exit status and hashes of stdout / stderr
+        "Note",  # free-form annotation written by tools (e.g. the demo)
+    }
+)
+
+KINDS = HARNESS_KINDS | TAPE_KINDS
+
+
+def check_kind(kind: str, format_version: int = FORMAT_VERSION) -> str:
+    """Return ``kind`` if it is known, else raise ``UnknownKind``."""
+    if kind in KINDS:
+        return kind
+    raise UnknownKind(
+        f"unknown event kind {kind!r} (format version {format_version}; "
+        f"this build reads format version {FORMAT_VERSION})"
+    )

@@ -1,0 +1,132 @@
+"""Read a store (a directory of segments) or a trajectory file.
+
+Readers never modify anything. On a store's last segment a torn tail is
+*reported* (``torn``), not cut; only the writer (``Store.open``) cuts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stenograph.recorder.codec import Event
+from stenograph.recorder.errors import BadInput, CorruptLog, NotAStore
+from stenograph.recorder.segment import (
+    HEADER_SIZE,
+    WAL_MAGIC,
+    FrameScanner,
+    SegmentHeader,
+    Tail,
+    map_file,
+    read_header,
+)
+
+STORE_MARKER = "STENOGRAPH-STORE"
+
+
+@dataclass(slots=True)
+class TrajSummary:
+    traj: str
+    events: int = 0
+    bytes: int = 0
+    first_lsn: int = 0
+    last_lsn: int = 0
+    last_seq: int = -1
+    kinds: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TornTail:
+    segment: str
+    offset: int
+    dropped: int
+    reason: str
+
+
+def is_store(path: Path) -> bool:
+    return (path / STORE_MARKER).is_file() and (path / "wal").is_dir()
+
+
+def check_store(path: Path) -> None:
+    if not path.exists():
+        raise BadInput("no such store", str(path))
+    if not path.is_dir():
+        raise NotAStore("not a store directory", str(path))
+    if not is_store(path):
+        raise NotAStore(
+            f"directory is not a stenograph store (no {STORE_MARKER} file and wal/)", str(path)
+        )
+
+
+class StoreReader:
+    """Iterate a store's events in LSN order, checking frames and continuity."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        check_store(self.path)
+        self.segments = sorted(p for p in (self.path / "wal").glob("*.seg"))
+        self.torn: TornTail | None = None
+        self.end_offset = HEADER_SIZE
+        self.last_header: SegmentHeader | None = None
+
+    def events(self, *, traj: str | None = None, from_lsn: int = 0) -> Iterator[Event]:
+        """Every event (of ``traj``, from ``from_lsn``), in LSN order."""
+        for _seg, _off, _size, ev in self.frames():
+            if isinstance(ev, Event) and ev.lsn >= from_lsn and (traj is None or ev.traj == traj):
+                yield ev
+
+    def frames(self) -> Iterator[tuple[Path, int, int, Event | int]]:
+        """Every frame with its segment, offset and size; markers are ints."""
+        expect_lsn: int | None = None
+        expect_number: int | None = None
+        seq_of: dict[str, tuple[int, int]] = {}
+        for i, seg in enumerate(self.segments):
+            last = i == len(self.segments) - 1
+            buf = map_file(seg)
+            name = str(seg)
+            header = read_header(buf, name, WAL_MAGIC)
+            if expect_number is not None and header.number != expect_number:
+                raise CorruptLog(f"segment number {header.number}, expected {expect_number}",
+                                 name, 0)
+            if expect_lsn is not None and header.first_lsn != expect_lsn:
+                raise CorruptLog(f"segment starts at lsn {header.first_lsn}, expected {expect_lsn}",
+                                 name, 0)
+            expect_number = header.number + 1
+            expect_lsn = header.first_lsn
+            scanner = FrameScanner(buf, name, torn_ok=last, version=header.version)
+            for off, size, item in scanner:
+                if isinstance(item, Event):
+                    if item.lsn != expect_lsn:
+                        raise CorruptLog(f"lsn {item.lsn} where {expect_lsn} was expected",
+                                         name, off)
+                    prev_seq, prev_lsn = seq_of.get(item.traj, (-1, None))
+                    if item.seq != prev_seq + 1 or item.prev != prev_lsn:
+                        raise CorruptLog(
+                            f"trajectory {item.traj!r}: seq {item.seq}/prev {item.prev} does not "
+                            f"follow seq {prev_seq}/lsn {prev_lsn}", name, off)
+                    seq_of[item.traj] = (item.seq, item.lsn)
+                    expect_lsn += 1
+                yield seg, off, size, item
+            tail: Tail = scanner.tail  # type: ignore[assignment]
+            if last:
+                self.end_offset = tail.end
+                self.last_header = header
+                if tail.reason is not None:
+                    self.torn = TornTail(name, tail.end, tail.dropped, tail.reason)
+        self.next_lsn = expect_lsn if expect_lsn is not None else 1
+
+    def summary(self) -> dict[str, TrajSummary]:
+        """Per-trajectory counts, sizes and kinds (one full scan)."""
+        out: dict[str, TrajSummary] = {}
+        for _seg, _off, size, item in self.frames():
+            if isinstance(item, Event):
+                s = out.get(item.traj)
+                if s is None:
+                    s = out[item.traj] = TrajSummary(item.traj, first_lsn=item.lsn)
+                s.events += 1
+                s.last_lsn = item.lsn
+                s.last_seq = item.seq
+                s.kinds[item.kind] = s.kinds.get(item.kind, 0) + 1
+                s.bytes += size
+        return out

@@ -1,0 +1,252 @@
+"""Segment files: a 32-byte header, then frames, then zero fill.
+
+Segments are zero-filled to their full size when created (in the background,
+ahead of need): overwriting allocated blocks lets ``fdatasync`` flush data only,
+where appending to a growing file also has to commit the new size and extents.
+A frame header of all zeros therefore marks the end of the data.
+
+This module also owns the scan that finds where a segment's valid data ends and
+decides whether damage is a torn tail (cut it) or corruption (refuse).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from stenograph.recorder.codec import FRAME_HEADER, MAX_FRAME, Event, decode_payload
+from stenograph.recorder.errors import BadInput, CorruptLog, FormatVersionError
+from stenograph.recorder.kinds import FORMAT_VERSION
+
+HEADER = struct.Struct("<8sHHIQQ")
+HEADER_SIZE = HEADER.size
+WAL_MAGIC = b"STENOWAL"
+TRAJ_MAGIC = b"STENOTRJ"
+_ZERO_CHUNK = bytes(1 << 16)
+# A batch marker frame: length 1..16, any crc, payload a one-element msgpack array.
+_MARKER_RE = re.compile(rb"[\x01-\x10]\x00\x00\x00.{4}\x91", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentHeader:
+    magic: bytes
+    version: int
+    number: int
+    first_lsn: int
+
+    def pack(self) -> bytes:
+        return HEADER.pack(self.magic, self.version, 0, 0, self.number, self.first_lsn)
+
+
+def read_header(buf: bytes | mmap.mmap, name: str, magic: bytes) -> SegmentHeader:
+    """Parse and check a header; bad input is reported with the file's name."""
+    if len(buf) == 0:
+        raise BadInput("empty file, not a stenograph log", name)
+    if len(buf) < HEADER_SIZE:
+        raise BadInput("file too short for a stenograph header", name)
+    got_magic, version, _flags, _res, number, first_lsn = HEADER.unpack_from(buf, 0)
+    if got_magic != magic:
+        other = {WAL_MAGIC: "a store segment", TRAJ_MAGIC: "a trajectory file"}.get(got_magic)
+        what = f"this is {other}, not the expected kind of file" if other else "wrong magic"
+        raise BadInput(f"{what}: not a stenograph {_what(magic)}", name)
+    if version > FORMAT_VERSION or version == 0:
+        raise FormatVersionError(
+            f"written in log format version {version}; this build reads up to "
+            f"version {FORMAT_VERSION} (upgrade stenograph)",
+            name,
+        )
+    return SegmentHeader(got_magic, version, number, first_lsn)
+
+
+def _what(magic: bytes) -> str:
+    return "store segment" if magic == WAL_MAGIC else "trajectory file"
+
+
+@dataclass(slots=True)
+class Tail:
+    """Where the valid data of a scanned region ends, and what was after it."""
+
+    end: int
+    dropped: int = 0
+    reason: str | None = None
+
+
+class FrameScanner:
+    """Iterate the frames of one segment or trajectory file.
+
+    Yields ``(offset, frame_size, Event | marker_lsn)``. When iteration ends, ``tail`` says
+    where valid data ended. Damage raises ``CorruptLog`` unless ``torn_ok`` (the
+    last segment of a store) and no batch marker follows it: with no later batch
+    on disk, the damaged frame belongs to a batch whose sync never returned.
+    """
+
+    def __init__(
+        self,
+        buf: bytes | mmap.mmap,
+        name: str,
+        *,
+        start: int = HEADER_SIZE,
+        torn_ok: bool,
+        version: int = FORMAT_VERSION,
+    ) -> None:
+        self.buf = buf
+        self.name = name
+        self.start = start
+        self.torn_ok = torn_ok
+        self.version = version
+        self.tail: Tail | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, int, Event | int]]:
+        buf, limit, off = self.buf, len(self.buf), self.start
+        unpack_header = FRAME_HEADER.unpack_from
+        while True:
+            if off + 8 > limit:
+                if _all_zero(buf, off, limit):
+                    self.tail = Tail(off)
+                else:
+                    self._damage(off, "short frame at end of file")
+                return
+            length, crc = unpack_header(buf, off)
+            if length == 0 and crc == 0:
+                if _all_zero(buf, off, limit):
+                    self.tail = Tail(off)
+                else:
+                    self._damage(off, "zeroed frame header before more data")
+                return
+            body_at = off + 8
+            if length > MAX_FRAME or body_at + length > limit:
+                self._damage(off, "frame length runs past the end of the file")
+                return
+            payload = buf[body_at : body_at + length]
+            if zlib.crc32(payload) != crc:
+                self._damage(off, "checksum mismatch")
+                return
+            try:
+                item = decode_payload(payload, self.version)
+            except ValueError:
+                self._damage(off, "frame payload is not an event")
+                return
+            yield off, 8 + length, item
+            off = body_at + length
+
+    def _damage(self, off: int, reason: str) -> None:
+        if not self.torn_ok:
+            raise CorruptLog(reason, self.name, off)
+        if _marker_after(self.buf, off + 1, len(self.buf)):
+            raise CorruptLog(f"{reason}; later batches were acknowledged", self.name, off)
+        self.tail = Tail(off, _last_nonzero(self.buf, off, len(self.buf)) - off, reason)
+
+
+def _all_zero(buf: bytes | mmap.mmap, lo: int, hi: int) -> bool:
+    return _last_nonzero(buf, lo, hi) == lo
+
+
+def _last_nonzero(buf: bytes | mmap.mmap, lo: int, hi: int) -> int:
+    """One past the last non-zero byte in ``buf[lo:hi]``, or ``lo`` if none."""
+    pos = hi
+    while pos > lo:
+        chunk_lo = max(lo, pos - len(_ZERO_CHUNK))
+        chunk = buf[chunk_lo:pos]
+        if chunk != _ZERO_CHUNK[: len(chunk)]:
+            return chunk_lo + len(chunk.rstrip(b"\0"))
+        pos = chunk_lo
+    return lo
+
+
+def _marker_after(buf: bytes | mmap.mmap, lo: int, hi: int) -> bool:
+    for m in _MARKER_RE.finditer(buf, lo, hi):
+        at = m.start()
+        length, crc = FRAME_HEADER.unpack_from(buf, at)
+        payload = buf[at + 8 : at + 8 + length]
+        if len(payload) == length and zlib.crc32(payload) == crc:
+            try:
+                if isinstance(decode_payload(payload, FORMAT_VERSION), int):
+                    return True
+            except ValueError:
+                continue
+    return False
+
+
+def map_file(path: Path) -> mmap.mmap | bytes:
+    """Map a file read-only (empty files cannot be mapped: return b'')."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+
+
+def segment_name(number: int) -> str:
+    return f"{number:010d}.seg"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def zero_fill(path: Path, size: int) -> None:
+    """Create ``path`` as ``size`` zero bytes, synced (a spare segment)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        chunk = bytes(1 << 20)
+        left = size
+        while left > 0:
+            left -= os.write(fd, chunk[: min(left, len(chunk))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SegmentWriter:
+    """The open tail segment: positional vectored writes, then ``fdatasync``."""
+
+    IOV_MAX = 1024
+
+    def __init__(self, path: Path, header: SegmentHeader, end: int) -> None:
+        self.path = path
+        self.header = header
+        self.fd = os.open(path, os.O_WRONLY)
+        self.size = max(os.fstat(self.fd).st_size, end)
+        self.end = end
+
+    def room(self) -> int:
+        return self.size - self.end
+
+    def write(self, parts: list[bytes], nbytes: int) -> None:
+        """Write ``parts`` (``nbytes`` in all) at the end with one ``pwritev``."""
+        if len(parts) > self.IOV_MAX:
+            parts = [b"".join(parts)]
+        done = os.pwritev(self.fd, parts, self.end)
+        if done != nbytes:  # short writes only happen on a full disk; finish them
+            data = b"".join(parts)
+            while done < nbytes:
+                done += os.pwrite(self.fd, data[done:], self.end + done)
+        self.end += nbytes
+        self.size = max(self.size, self.end)
+
+    def sync(self) -> None:
+        os.fdatasync(self.fd)
+
+    def zero_from(self, offset: int, length: int) -> None:
+        """Overwrite a torn tail with zeros so the file ends cleanly again."""
+        left, at = length, offset
+        while left > 0:
+            n = os.pwrite(self.fd, _ZERO_CHUNK[: min(left, len(_ZERO_CHUNK))], at)
+            left -= n
+            at += n
+        os.fdatasync(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

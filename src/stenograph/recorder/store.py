@@ -1,0 +1,303 @@
+"""The store: a directory of segments written through group commit.
+
+    STORE/
+      STENOGRAPH-STORE   marker (format version), written once
+      LOCK               flock()ed by the one writer; holds its pid
+      wal/               0000000001.seg, 0000000002.seg, ... (+ spare.tmp)
+      blobs/             content-addressed bodies
+      checkpoints/       record and workspace snapshots
+
+Opening for writing scans every segment (to learn the next LSN and each
+trajectory's last ``seq``/``prev``), cuts a torn tail of the last segment by
+zeroing it, and reports what it cut in ``recovered``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stenograph.recorder.blobs import BlobStore
+from stenograph.recorder.codec import Event, envelope, frame, marker, pack_body
+from stenograph.recorder.errors import BadInput, NotAStore, StenographError, StoreLocked
+from stenograph.recorder.group_commit import CommitSettings, GroupCommit
+from stenograph.recorder.kinds import FORMAT_VERSION, KINDS, check_kind
+from stenograph.recorder.reader import STORE_MARKER, StoreReader, TornTail, is_store
+from stenograph.recorder.segment import (
+    HEADER_SIZE,
+    WAL_MAGIC,
+    SegmentHeader,
+    SegmentWriter,
+    fsync_dir,
+    segment_name,
+    zero_fill,
+)
+
+_TRAJ_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    segment_bytes: int = 32 << 20
+    commit: CommitSettings = field(default_factory=CommitSettings)
+
+
+def check_traj(traj: str) -> str:
+    if not isinstance(traj, str) or not _TRAJ_RE.fullmatch(traj):
+        raise BadInput(
+            f"bad trajectory id {traj!r}: 1-200 characters of letters, digits and ._:@+-, "
+            "starting with a letter or digit"
+        )
+    return traj
+
+
+def init_store(path: Path) -> None:
+    """Create an empty store at ``path`` (which may exist as an empty directory)."""
+    if path.exists():
+        if not path.is_dir():
+            raise NotAStore("exists and is not a directory", str(path))
+        if any(path.iterdir()) and not is_store(path):
+            raise NotAStore("directory is not empty and not a stenograph store", str(path))
+    path.mkdir(parents=True, exist_ok=True)
+    for sub in ("wal", "blobs", "checkpoints"):
+        (path / sub).mkdir(exist_ok=True)
+    if not (path / STORE_MARKER).exists():
+        tmp = path / (STORE_MARKER + ".tmp")
+        tmp.write_text(f"stenograph store\nformat {FORMAT_VERSION}\n")
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path / STORE_MARKER)
+    fsync_dir(path)
+    if path.parent != path:
+        fsync_dir(path.parent)
+
+
+class Store:
+    """A writable store. One per directory at a time (``StoreLocked`` otherwise)."""
+
+    def __init__(self, path: str | Path, *, create: bool = True,
+                 settings: StoreSettings | None = None) -> None:
+        self.path = Path(path)
+        self.settings = settings or StoreSettings()
+        if not is_store(self.path):
+            if not create:
+                raise NotAStore("not a stenograph store", str(self.path))
+            init_store(self.path)
+        self._lock_fd = _take_lock(self.path)
+        try:
+            self._open()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self.blobs = BlobStore(self.path / "blobs")
+
+    def _open(self) -> None:
+        wal = self.path / "wal"
+        for leftover in wal.glob("*.tmp"):
+            leftover.unlink()
+        reader = StoreReader(self.path)
+        trajs: dict[str, list[Any]] = {}
+        for ev in reader.events():
+            st = trajs.get(ev.traj)
+            if st is None:
+                trajs[ev.traj] = [ev.seq, ev.lsn, 1]
+            else:
+                st[0], st[1], st[2] = ev.seq, ev.lsn, st[2] + 1
+        self._trajs = trajs
+        self.recovered: TornTail | None = reader.torn
+        next_lsn = getattr(reader, "next_lsn", 1)
+        self._spare: threading.Thread | None = None
+        self._spare_wanted = False
+        if reader.segments:
+            last = reader.segments[-1]
+            assert reader.last_header is not None
+            self._seg = SegmentWriter(last, reader.last_header, reader.end_offset)
+            if reader.torn is not None:
+                self._seg.zero_from(reader.torn.offset, reader.torn.dropped)
+        else:
+            self._seg = self._new_segment(1, next_lsn, 0)
+        self._closed = False
+        self._gc = GroupCommit(self._write_batch, next_lsn, self.settings.commit)
+
+    # -- appending -------------------------------------------------------------------
+
+    def append(self, traj: str, kind: str, body: dict[str, Any], *, durable: bool = True) -> int:
+        """Append one event; return its LSN once durable (or at once if not ``durable``)."""
+        lsn = self._enqueue(traj, kind, pack_body(body))
+        if durable:
+            self._gc.wait(lsn)
+        return lsn
+
+    async def append_async(self, traj: str, kind: str, body: dict[str, Any]) -> int:
+        """Durable append for asyncio code: awaits the covering sync without blocking."""
+        lsn = self._enqueue(traj, kind, pack_body(body))
+        await self._gc.wait_async(lsn)
+        return lsn
+
+    def append_packed(self, traj: str, kind: str, body: bytes, *, durable: bool = True) -> int:
+        """Append a body that is already msgpack-packed (recorder fast path)."""
+        lsn = self._enqueue(traj, kind, body)
+        if durable:
+            self._gc.wait(lsn)
+        return lsn
+
+    def _enqueue(self, traj: str, kind: str, body: bytes) -> int:
+        if kind not in KINDS:
+            check_kind(kind)
+        gc = self._gc
+        with gc.lock:
+            if self._closed:
+                raise StenographError("store is closed", str(self.path))
+            st = self._trajs.get(traj)
+            if st is None:
+                check_traj(traj)
+                st = self._trajs[traj] = [-1, None, 0]
+            lsn = gc.next_lsn
+            gc.push(frame(envelope(lsn, traj, st[0] + 1, st[1], kind, body)))
+            st[0] += 1
+            st[1] = lsn
+            st[2] += 1
+        return lsn
+
+    def flush(self) -> None:
+        """Make every event appended so far durable."""
+        self._gc.flush()
+
+    @property
+    def syncs(self) -> int:
+        """How many batches have been written and synced (for tests and benchmarks)."""
+        return self._gc.syncs
+
+    @property
+    def synced_lsn(self) -> int:
+        return self._gc.synced_lsn
+
+    def trajectories(self) -> dict[str, int]:
+        """Trajectory id -> number of events (including queued ones)."""
+        with self._gc.lock:
+            return {t: st[2] for t, st in self._trajs.items()}
+
+    def next_seq(self, traj: str) -> int:
+        with self._gc.lock:
+            st = self._trajs.get(traj)
+            return 0 if st is None else st[0] + 1
+
+    def events(self, *, traj: str | None = None, from_lsn: int = 0) -> list[Event]:
+        """Durable events read back from disk (flushes first)."""
+        self.flush()
+        return list(StoreReader(self.path).events(traj=traj, from_lsn=from_lsn))
+
+    def close(self) -> None:
+        """Flush, seal the tail with a marker, release the lock. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self._gc.close()
+            with self._gc.lock:
+                self._closed = True
+            if self._gc._error is None:
+                seal = marker(self._gc.next_lsn)
+                self._write_raw([seal], len(seal))
+        finally:
+            self._closed = True
+            if self._spare is not None:
+                self._spare.join()
+            self._seg.close()
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    # -- the write path (leader only) ------------------------------------------------
+
+    def _write_batch(self, frames: list[bytes], nbytes: int, first: int, last: int) -> None:
+        m = marker(first)
+        frames.insert(0, m)
+        self._write_raw(frames, nbytes + len(m), first)
+
+    def _write_raw(self, parts: list[bytes], nbytes: int, first: int | None = None) -> None:
+        if self._seg.room() < nbytes:
+            self._rotate(first if first is not None else self._gc.next_lsn, nbytes)
+        self._seg.write(parts, nbytes)
+        self._seg.sync()
+        if not self._spare_wanted and self._seg.end * 2 > self._seg.size:
+            self._start_spare()
+
+    def _rotate(self, first_lsn: int, need: int) -> None:
+        number = self._seg.header.number + 1
+        self._seg.close()
+        self._seg = self._new_segment(number, first_lsn, need)
+
+    def _new_segment(self, number: int, first_lsn: int, need: int) -> SegmentWriter:
+        wal = self.path / "wal"
+        size = max(self.settings.segment_bytes, need + HEADER_SIZE)
+        spare = wal / "spare.tmp"
+        if self._spare_ready(size):
+            tmp = spare
+        else:
+            tmp = wal / "new.tmp"
+            zero_fill(tmp, size)
+        header = SegmentHeader(WAL_MAGIC, FORMAT_VERSION, number, first_lsn)
+        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            os.pwrite(fd, header.pack(), 0)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        final = wal / segment_name(number)
+        os.replace(tmp, final)
+        fsync_dir(wal)
+        return SegmentWriter(final, header, HEADER_SIZE)
+
+    def _spare_ready(self, size: int) -> bool:
+        if self._spare is not None:
+            self._spare.join()
+            self._spare = None
+        self._spare_wanted = False
+        spare = self.path / "wal" / "spare.tmp"
+        return spare.exists() and spare.stat().st_size >= size
+
+    def _start_spare(self) -> None:
+        """Zero-fill the next segment in the background, off the commit path.
+
+        Started once the tail segment is half full, so a store that never rotates
+        never pays for a spare.
+        """
+        self._spare_wanted = True
+        path, size = self.path / "wal" / "spare.tmp", self.settings.segment_bytes
+
+        def fill() -> None:
+            with contextlib.suppress(OSError):  # no spare is only slower, never wrong
+                zero_fill(path, size)
+
+        self._spare = threading.Thread(target=fill, name="stenograph-spare", daemon=True)
+        self._spare.start()
+
+
+def _take_lock(path: Path) -> int:
+    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StoreLocked(f"store is locked by another writer (pid {holder})", str(path)) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
