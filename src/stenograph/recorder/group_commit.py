@@ -18,6 +18,7 @@ Recovery (``segment.FrameScanner``) relies on that order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -202,10 +203,8 @@ class GroupCommit:
                     rest.append(item)
             self._async_waiters = rest
             for loop, futs in done.items():
-                try:
+                with contextlib.suppress(RuntimeError):  # loop closed: nobody waits
                     loop.call_soon_threadsafe(_settle, futs, self._error)
-                except RuntimeError:  # loop closed; nobody is waiting any more
-                    pass
             if rest and not keep:
                 self._start_flusher()
                 self._kick.notify()
