@@ -1,6 +1,8 @@
 """Content-addressed blob store for bodies too bulky to sit in an event.
 
-An event refers to a blob as ``{"sha256": hex, "size": n}`` (see ``BlobRef``).
+An event refers to a blob with a map ``{"$blob": sha256_hex, "size": n}``
+anywhere in its body (``BlobRef.to_body``); ``blob_refs`` finds them, which is
+how a trajectory export knows which blobs to embed.
 A blob is written atomically: temp file, fsync, rename, fsync of the directory,
 so a blob that has a name is complete, and a crash leaves at most a temp file.
 Writing the same bytes twice is free: the name is the hash.
@@ -25,11 +27,11 @@ class BlobRef:
     size: int
 
     def to_body(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "size": self.size}
+        return {"$blob": self.sha256, "size": self.size}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> BlobRef:
-        sha, size = body.get("sha256"), body.get("size")
+        sha, size = body.get("$blob"), body.get("size")
         if not (isinstance(sha, str) and len(sha) == 64 and set(sha) <= _HEX
                 and isinstance(size, int) and size >= 0):
             raise BadInput(f"not a blob reference: {body!r}")
@@ -82,3 +84,19 @@ class BlobStore:
 
     def has(self, sha256: str) -> bool:
         return self.path_of(sha256).exists()
+
+
+def blob_refs(value: Any) -> list[BlobRef]:
+    """Every blob reference inside a (nested) event body, in order of appearance."""
+    out: list[BlobRef] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if "$blob" in v and len(v) == 2 and "size" in v:
+                out.append(BlobRef.from_body(v))
+            else:
+                stack.extend(reversed(list(v.values())))
+        elif isinstance(v, list):
+            stack.extend(reversed(v))
+    return out

@@ -50,7 +50,12 @@ def check_kind(kind: str, format_version: int = FORMAT_VERSION) -> str:
     """Return ``kind`` if it is known, else raise ``UnknownKind``."""
     if kind in KINDS:
         return kind
+    if format_version > FORMAT_VERSION:
+        raise UnknownKind(
+            f"unknown event kind {kind!r}: written in format version {format_version}, "
+            f"this build reads up to format version {FORMAT_VERSION}"
+        )
     raise UnknownKind(
-        f"unknown event kind {kind!r} (format version {format_version}; "
-        f"this build reads format version {FORMAT_VERSION})"
+        f"unknown event kind {kind!r}: not one of the {len(KINDS)} kinds of format version "
+        f"{format_version} (see docs/log-format.md)"
     )

@@ -16,11 +16,12 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from stenograph.recorder.codec import FRAME_HEADER, MAX_FRAME, Event, decode_payload
+from stenograph.recorder.codec import FRAME_HEADER, MAX_FRAME, decode_payload
 from stenograph.recorder.errors import BadInput, CorruptLog, FormatVersionError
 from stenograph.recorder.kinds import FORMAT_VERSION
 
@@ -94,7 +95,9 @@ class FrameScanner:
         start: int = HEADER_SIZE,
         torn_ok: bool,
         version: int = FORMAT_VERSION,
+        decode: Callable[[bytes, int], object] = decode_payload,
     ) -> None:
+        self.decode = decode
         self.buf = buf
         self.name = name
         self.start = start
@@ -102,7 +105,7 @@ class FrameScanner:
         self.version = version
         self.tail: Tail | None = None
 
-    def __iter__(self) -> Iterator[tuple[int, int, Event | int]]:
+    def __iter__(self) -> Iterator[tuple[int, int, Any]]:
         buf, limit, off = self.buf, len(self.buf), self.start
         unpack_header = FRAME_HEADER.unpack_from
         while True:
@@ -128,7 +131,7 @@ class FrameScanner:
                 self._damage(off, "checksum mismatch")
                 return
             try:
-                item = decode_payload(payload, self.version)
+                item = self.decode(payload, self.version)
             except ValueError:
                 self._damage(off, "frame payload is not an event")
                 return

@@ -1,0 +1,3 @@
+from stenograph.cli import main_entry
+
+main_entry()

@@ -1,0 +1,308 @@
+"""The ``stenograph`` command.
+
+Every failure the user can cause prints one line,
+``stenograph: error: <what> (<where>)``, and exits with the code DESIGN.md
+assigns: 0 ok, 1 replay diverged, 2 usage or unreadable input, 3 corrupt log,
+4 an in-doubt action needs a person.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from stenograph import __version__
+from stenograph.recorder.codec import Event
+from stenograph.recorder.errors import BadInput, StenographError
+from stenograph.recorder.reader import StoreReader, is_store
+from stenograph.recorder.segment import TRAJ_MAGIC, WAL_MAGIC
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="stenograph")
+def main() -> None:
+    """Record an agent run to a durable log; replay it offline, bit for bit.
+
+    \b
+    A store is a directory of log segments shared by many trajectories;
+    a trajectory file (.steno) is one trajectory exported from a store.
+    \b
+    Exit codes: 0 ok, 1 replay diverged, 2 usage or unreadable input,
+    3 corrupt log, 4 an in-doubt action needs a person.
+    """
+
+
+@main.group(context_settings=CONTEXT)
+def log() -> None:
+    """Inspect, check, export and write logs (stores and .steno files).
+
+    \b
+    Examples:
+      stenograph log append runs/ --traj t1 --kind Note --body '{"hello": "world"}'
+      stenograph log ls runs/
+      stenograph log cat runs/ --traj t1 --json
+      stenograph log export runs/ t1 -o t1.steno
+      stenograph log verify t1.steno
+    """
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+def _kind_of_path(path: Path) -> str:
+    """'store' or 'file', decided by what is on disk, never by the name."""
+    if path.is_dir():
+        if is_store(path):
+            return "store"
+        raise BadInput("directory is not a stenograph store", str(path))
+    if not path.exists():
+        raise BadInput("no such file or directory", str(path))
+    with open(path, "rb") as f:
+        magic = f.read(8)
+    if magic == TRAJ_MAGIC:
+        return "file"
+    if magic == WAL_MAGIC:
+        raise BadInput("this is one segment of a store; pass the store directory", str(path))
+    if not magic:
+        raise BadInput("empty file, not a stenograph log", str(path))
+    raise BadInput("not a stenograph store or trajectory file (wrong magic)", str(path))
+
+
+def _line(ev: Event) -> str:
+    body = json.dumps(ev.to_json()["body"], ensure_ascii=False, separators=(",", ":"))
+    if len(body) > 160:
+        body = body[:157] + "..."
+    return f"{ev.lsn:>8} {ev.traj} #{ev.seq} {ev.kind} {body}"
+
+
+def _err_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+# -- log commands ------------------------------------------------------------------
+
+
+@log.command("ls")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def log_ls(store: Path, as_json: bool) -> None:
+    """List the trajectories of STORE: events, bytes, LSN range, kinds."""
+    reader = StoreReader(store)
+    summary = reader.summary()
+    if as_json:
+        click.echo(json.dumps({
+            "store": str(store),
+            "trajectories": [
+                {"traj": s.traj, "events": s.events, "bytes": s.bytes, "first_lsn": s.first_lsn,
+                 "last_lsn": s.last_lsn, "kinds": s.kinds} for s in summary.values()],
+            "torn_tail": None if reader.torn is None else vars_of(reader.torn),
+        }))
+        return
+    table = Table("trajectory", "events", "bytes", "lsn", "kinds", title=str(store))
+    for s in summary.values():
+        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(s.kinds.items()))
+        table.add_row(s.traj, str(s.events), str(s.bytes), f"{s.first_lsn}-{s.last_lsn}", kinds)
+    Console(highlight=False).print(table)
+    if not summary:
+        click.echo("(no trajectories)")
+    _report_torn(reader)
+
+
+def vars_of(obj: Any) -> dict[str, Any]:
+    return {k: getattr(obj, k) for k in obj.__slots__}
+
+
+def _report_torn(reader: StoreReader) -> None:
+    if reader.torn is not None:
+        t = reader.torn
+        _err_console().print(
+            f"note: torn tail in {t.segment} at {t.offset}: {t.dropped} bytes ({t.reason}); "
+            "the next writer will cut it"
+        )
+
+
+@log.command("cat")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--traj", help="Only this trajectory.")
+@click.option("--from-lsn", type=click.IntRange(min=0), default=0, help="Start at this LSN.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per line (bytes as {\"$hex\": ...}).")
+def log_cat(path: Path, traj: str | None, from_lsn: int, as_json: bool) -> None:
+    """Print the events of a store or a .steno file, in LSN order."""
+    from stenograph.recorder.trajfile import read_trajectory
+
+    if _kind_of_path(path) == "store":
+        reader = StoreReader(path)
+        events = reader.events(traj=traj, from_lsn=from_lsn)
+    else:
+        reader = None
+        tf = read_trajectory(path)
+        events = (e for e in tf.events if (traj is None or e.traj == traj) and e.lsn >= from_lsn)
+    for ev in events:
+        click.echo(json.dumps(ev.to_json(), ensure_ascii=False) if as_json else _line(ev))
+    if reader is not None:
+        _report_torn(reader)
+
+
+@log.command("verify")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def log_verify(path: Path, as_json: bool) -> None:
+    """Check every frame, checksum, LSN and back-pointer of a store or .steno file.
+
+    Exits 3 on corruption (naming segment and offset). A torn tail at the end of
+    a store's last segment is what a crash leaves: it is reported (what the next
+    writer will cut) and is not an error. Nothing is modified.
+    """
+    from stenograph.recorder.trajfile import read_trajectory
+
+    result: dict[str, Any] = {"path": str(path), "ok": True}
+    if _kind_of_path(path) == "store":
+        reader = StoreReader(path)
+        events = markers = 0
+        trajs: set[str] = set()
+        for _seg, _off, _size, item in reader.frames():
+            if isinstance(item, Event):
+                events += 1
+                trajs.add(item.traj)
+            else:
+                markers += 1
+        result.update(kind="store", segments=len(reader.segments), events=events,
+                      batches=markers, trajectories=len(trajs),
+                      torn_tail=None if reader.torn is None else vars_of(reader.torn))
+    else:
+        tf = read_trajectory(path)
+        result.update(kind="trajectory", traj=tf.traj, events=len(tf.events),
+                      blobs=len(tf.blobs), format=tf.header.get("format"),
+                      written_by=tf.header.get("stenograph"))
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    if result["kind"] == "store":
+        click.echo(f"ok: {result['events']} events in {result['trajectories']} trajectories, "
+                   f"{result['segments']} segments, {result['batches']} batches")
+        t = result["torn_tail"]
+        if t:
+            click.echo(f"torn tail: {t['dropped']} bytes at {t['segment']} @ {t['offset']} "
+                       f"({t['reason']}); the next writer cuts it")
+    else:
+        click.echo(f"ok: trajectory {result['traj']}: {result['events']} events, "
+                   f"{result['blobs']} embedded blobs (format {result['format']}, "
+                   f"written by stenograph {result['written_by']})")
+
+
+@log.command("export")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("traj")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="The .steno file to write (replaced atomically).")
+@click.option("--no-blobs", is_flag=True, help="Do not embed referenced blobs.")
+def log_export(store: Path, traj: str, output: Path, no_blobs: bool) -> None:
+    """Export trajectory TRAJ of STORE into a self-contained .steno file."""
+    from stenograph.recorder.trajfile import export_trajectory
+
+    if output.is_dir():
+        raise BadInput("output is a directory", str(output))
+    if not output.parent.exists():
+        raise BadInput("output directory does not exist", str(output.parent))
+    tf = export_trajectory(store, traj, output, embed_blobs=not no_blobs)
+    click.echo(f"wrote {output}: {len(tf.events)} events, {len(tf.blobs)} blobs")
+
+
+@log.command("import")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--as", "as_traj", help="Trajectory id in the store (default: the file's).")
+def log_import(file: Path, store: Path, as_traj: str | None) -> None:
+    """Append the trajectory in FILE to STORE (created if missing)."""
+    from stenograph.recorder.store import Store
+    from stenograph.recorder.trajfile import import_trajectory, read_trajectory
+
+    read_trajectory(file)  # check the input fully before touching the store
+    with Store(store) as st:
+        name = import_trajectory(st, file, traj=as_traj)
+        n = st.trajectories()[name]
+    click.echo(f"imported {name}: {n} events")
+
+
+@log.command("append")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--traj", required=True, help="Trajectory id.")
+@click.option("--kind", required=True, help="Event kind (see docs/log-format.md).")
+@click.option("--body", default="{}", help="Event body as a JSON object.")
+@click.option("--no-sync", is_flag=True, help="Return before the event is durable.")
+def log_append(store: Path, traj: str, kind: str, body: str, no_sync: bool) -> None:
+    """Append one event to STORE (created if missing) and print its LSN."""
+    from stenograph.recorder.kinds import check_kind
+    from stenograph.recorder.store import Store, check_traj
+
+    try:
+        parsed = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"--body is not JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise BadInput("--body must be a JSON object")
+    check_kind(kind)
+    check_traj(traj)
+    with Store(store) as st:
+        lsn = st.append(traj, kind, parsed, durable=not no_sync)
+    click.echo(lsn)
+
+
+def _register_optional() -> None:
+    """Commands that live in their own modules (record/replay)."""
+    try:
+        from stenograph.cli_run import record, replay
+    except ImportError:
+        return
+    main.add_command(record)
+    main.add_command(replay)
+
+
+_register_optional()
+
+
+def fail(message: str, code: int) -> NoReturn:
+    click.echo(f"stenograph: error: {message}", err=True)
+    sys.exit(code)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI; map every expected failure to one line and an exit code."""
+    try:
+        main.main(args=argv, prog_name="stenograph", standalone_mode=False)
+    except StenographError as exc:
+        fail(str(exc), exc.exit_code)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
+        return 2
+    except click.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+        fail(f"{exc.format_message()}{hint}", 2)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.Abort:
+        fail("aborted", 130)
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+    except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        fail(f"{exc.strerror} ({exc.filename})", 2)
+    return 0
+
+
+def main_entry() -> None:
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main_entry()

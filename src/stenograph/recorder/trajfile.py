@@ -1,0 +1,188 @@
+"""Trajectory files (``.steno``): one trajectory, self-contained.
+
+Same framing as a store segment, magic ``STENOTRJ``. Frame 0 is the file
+header (a msgpack map pinning the versions that wrote it); then the
+trajectory's events, envelopes exactly as in the store (original LSNs kept, so
+a report can point back into the source store); then, optionally, one frame per
+embedded blob, a map ``{"blob": sha256_hex, "data": bytes}``.
+
+A trajectory file is written to a temporary name, synced and renamed, so it is
+never torn: any bad frame in one is corruption (exit 3), unlike a store's tail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from stenograph import __version__
+from stenograph.recorder.blobs import BlobStore, blob_refs
+from stenograph.recorder.codec import Event, decode_payload, encode_event, frame
+from stenograph.recorder.errors import BadInput, CorruptLog
+from stenograph.recorder.kinds import FORMAT_VERSION
+from stenograph.recorder.reader import StoreReader
+from stenograph.recorder.segment import (
+    TRAJ_MAGIC,
+    FrameScanner,
+    SegmentHeader,
+    fsync_dir,
+    map_file,
+    read_header,
+)
+
+SUFFIX = ".steno"
+
+
+@dataclass(slots=True)
+class TrajectoryFile:
+    header: dict[str, Any]
+    events: list[Event]
+    blobs: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def traj(self) -> str:
+        return str(self.header["traj"])
+
+
+def write_trajectory(
+    out: str | Path,
+    traj: str,
+    events: Iterable[Event],
+    *,
+    blobs: BlobStore | None = None,
+    extra: dict[str, Any] | None = None,
+) -> TrajectoryFile:
+    """Write ``events`` (all of one trajectory) to ``out`` atomically.
+
+    With ``blobs``, every blob the events reference is embedded; a referenced
+    blob missing from the store is an error, not a silently thinner file.
+    """
+    out = Path(out)
+    evs = list(events)
+    embedded: dict[str, bytes] = {}
+    if blobs is not None:
+        for ev in evs:
+            for ref in blob_refs(ev.body):
+                if ref.sha256 not in embedded:
+                    embedded[ref.sha256] = blobs.get(ref)
+    header = {
+        "format": FORMAT_VERSION,
+        "stenograph": __version__,
+        "traj": traj,
+        "events": len(evs),
+        "first_lsn": evs[0].lsn if evs else 0,
+        "last_lsn": evs[-1].lsn if evs else 0,
+        "blobs": len(embedded),
+        **(extra or {}),
+    }
+    parts = [
+        SegmentHeader(TRAJ_MAGIC, FORMAT_VERSION, 0, 0).pack(),
+        frame(msgpack.packb(header, use_bin_type=True)),
+    ]
+    parts.extend(encode_event(ev) for ev in evs)
+    parts.extend(
+        frame(msgpack.packb({"blob": sha, "data": data}, use_bin_type=True))
+        for sha, data in sorted(embedded.items())
+    )
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.writelines(parts)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(out.parent if str(out.parent) else Path("."))
+    return TrajectoryFile(header, evs, embedded)
+
+
+def export_trajectory(
+    store_path: str | Path, traj: str, out: str | Path, *, embed_blobs: bool = True
+) -> TrajectoryFile:
+    """Export one trajectory of a store (read-only; a live writer may hold it)."""
+    reader = StoreReader(store_path)
+    evs = list(reader.events(traj=traj))
+    if not evs:
+        raise BadInput(f"no trajectory {traj!r} in the store", str(store_path))
+    blobs = BlobStore(Path(store_path) / "blobs") if embed_blobs else None
+    return write_trajectory(out, traj, evs, blobs=blobs)
+
+
+def _decode(payload: bytes, version: int) -> Any:
+    obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    if isinstance(obj, dict):
+        return obj
+    return decode_payload(payload, version)
+
+
+def read_trajectory(path: str | Path) -> TrajectoryFile:
+    """Read and fully check a trajectory file."""
+    path = Path(path)
+    name = str(path)
+    if not path.exists():
+        raise BadInput("no such file", name)
+    if path.is_dir():
+        raise BadInput("is a directory, not a trajectory file", name)
+    buf = map_file(path)
+    hdr = read_header(buf, name, TRAJ_MAGIC)
+    header: dict[str, Any] | None = None
+    events: list[Event] = []
+    blobs: dict[str, bytes] = {}
+    scanner = FrameScanner(buf, name, torn_ok=False, version=hdr.version, decode=_decode)
+    prev_lsn: int | None = None
+    for off, _size, item in scanner:
+        if header is None:
+            if not isinstance(item, dict) or "traj" not in item:
+                raise CorruptLog("first frame is not a trajectory header", name, off)
+            header = item
+        elif isinstance(item, Event):
+            if blobs:
+                raise CorruptLog("event after the blob section", name, off)
+            if item.traj != header["traj"]:
+                raise CorruptLog(f"event of trajectory {item.traj!r} in a file of "
+                                 f"{header['traj']!r}", name, off)
+            if item.seq != len(events) or item.prev != prev_lsn:
+                raise CorruptLog(f"event seq {item.seq} out of order", name, off)
+            prev_lsn = item.lsn
+            events.append(item)
+        elif isinstance(item, dict) and isinstance(item.get("blob"), str):
+            data = item.get("data")
+            if not isinstance(data, bytes) or hashlib.sha256(data).hexdigest() != item["blob"]:
+                raise CorruptLog("embedded blob does not match its hash", name, off)
+            blobs[item["blob"]] = data
+        else:
+            raise CorruptLog("frame is neither an event nor a blob", name, off)
+    if header is None:
+        raise CorruptLog("trajectory file has no header frame", name, 32)
+    if header.get("events") != len(events):
+        raise CorruptLog(
+            f"header promises {header.get('events')} events, file holds {len(events)}",
+            name, scanner.tail.end if scanner.tail else 0,
+        )
+    return TrajectoryFile(header, events, blobs)
+
+
+def import_trajectory(store: Any, path: str | Path, *, traj: str | None = None) -> str:
+    """Append a trajectory file's events to ``store`` (a ``Store``) as trajectory ``traj``.
+
+    Events get the store's next LSNs; ``seq`` and kinds and bodies are kept.
+    Refuses to merge into a trajectory the store already has.
+    """
+    tf = read_trajectory(path)
+    name = traj or tf.traj
+    if name in store.trajectories():
+        raise BadInput(f"the store already has a trajectory {name!r}", str(store.path))
+    for data in tf.blobs.values():
+        store.blobs.put(data)
+    for ev in tf.events:
+        store.append(name, ev.kind, ev.body, durable=False)
+    store.flush()
+    return name
