@@ -1,0 +1,1755 @@
+/* stenograph LD_PRELOAD shim: records (or serves back) what a process reads from the
+ * world -- clocks, entropy, directory listings, identity, timed-wait outcomes.
+ *
+ * Rules this file keeps, and why:
+ *  - Hot paths (clock reads, getrandom, readdir, getpid) use no malloc, no stdio and no
+ *    lock shared between threads: every thread appends to its own buffer. A wrapper that
+ *    calls back into libc deadlocks in forked children and recurses at start-up (rr's
+ *    syscallbuf and libfaketime's issue tracker both document it).
+ *  - Kernel calls the shim makes for itself are raw `syscall` instructions, so they are
+ *    never intercepted by this very library.
+ *  - The shim's own memory lives in a private address range (MAP_FIXED_NOREPLACE hints
+ *    far below the mmap base), so recording and replaying leave the program's own heap
+ *    and mmap layout identical: with ASLR off, id() and default reprs repeat.
+ *  - STENO_* variables are removed from `environ` at start-up and re-added only in the
+ *    environments of exec'd / spawned children: record and replay must look the same to
+ *    the program.
+ * Spec: docs/shim-protocol.md.
+ */
+#undef _FORTIFY_SOURCE
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "steno_shim.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+extern char **environ;
+
+/* ------------------------------------------------------------------ raw syscalls */
+
+static inline long rsys(long n, long a, long b, long c, long d, long e, long f) {
+    long ret;
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+#define RS0(n) rsys((n), 0, 0, 0, 0, 0, 0)
+#define RS1(n, a) rsys((n), (long)(a), 0, 0, 0, 0, 0)
+#define RS2(n, a, b) rsys((n), (long)(a), (long)(b), 0, 0, 0, 0)
+#define RS3(n, a, b, c) rsys((n), (long)(a), (long)(b), (long)(c), 0, 0, 0)
+#define RS4(n, a, b, c, d) rsys((n), (long)(a), (long)(b), (long)(c), (long)(d), 0, 0)
+#define RS6(n, a, b, c, d, e, f) \
+    rsys((n), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
+
+static inline int is_err(long r) { return (unsigned long)r > -4096UL; }
+
+static void die(int status) {
+    for (;;) RS1(SYS_exit_group, status);
+}
+
+/* ------------------------------------------------------------------ global state */
+
+enum { MODE_OFF = 0, MODE_RECORD = 1, MODE_REPLAY = 2 };
+
+static int g_mode;
+static int g_inited;
+static int g_lenient;
+static char g_proc[256];
+static uint16_t g_proclen;
+static char g_sockpath[108];
+static char g_tape[1024];
+static char g_shim[1024];
+static uint32_t g_tnext = 1;  /* next thread index to hand out */
+static uint32_t g_cnext;      /* children spawned so far by this process */
+static int g_sock = -1;
+static unsigned long g_sock_ino;
+static int g_final;           /* past the exit flush: ship every record at once */
+static int g_barrier_lock;
+static int g_reports;
+static pthread_key_t g_key;
+static void *volatile g_null; /* compared against nonnull-declared arguments */
+
+static const char *const CH_NAMES[NCH] = {"?", "clock", "entropy", "dirents", "identity", "wait"};
+
+/* ------------------------------------------------------------------ real functions */
+
+#define REAL_DECL(ret, name, args) static ret(*real_##name) args
+REAL_DECL(int, clock_gettime, (clockid_t, struct timespec *));
+REAL_DECL(int, gettimeofday, (struct timeval *, void *));
+REAL_DECL(time_t, time, (time_t *));
+REAL_DECL(int, timespec_get, (struct timespec *, int));
+REAL_DECL(clock_t, clock, (void));
+REAL_DECL(ssize_t, read, (int, void *, size_t));
+REAL_DECL(int, close, (int));
+REAL_DECL(DIR *, opendir, (const char *));
+REAL_DECL(DIR *, fdopendir, (int));
+REAL_DECL(struct dirent64 *, readdir64, (DIR *));
+REAL_DECL(struct dirent *, readdir, (DIR *));
+REAL_DECL(void, rewinddir, (DIR *));
+REAL_DECL(int, closedir, (DIR *));
+REAL_DECL(int, gethostname, (char *, size_t));
+REAL_DECL(int, uname, (struct utsname *));
+REAL_DECL(int, poll, (struct pollfd *, nfds_t, int));
+REAL_DECL(int, select, (int, fd_set *, fd_set *, fd_set *, struct timeval *));
+REAL_DECL(int, epoll_wait, (int, struct epoll_event *, int, int));
+REAL_DECL(int, epoll_pwait, (int, struct epoll_event *, int, int, const sigset_t *));
+REAL_DECL(pid_t, fork, (void));
+REAL_DECL(int, execve, (const char *, char *const[], char *const[]));
+REAL_DECL(int, execvpe, (const char *, char *const[], char *const[]));
+REAL_DECL(int, posix_spawn, (pid_t *, const char *, const posix_spawn_file_actions_t *,
+                             const posix_spawnattr_t *, char *const[], char *const[]));
+REAL_DECL(int, posix_spawnp, (pid_t *, const char *, const posix_spawn_file_actions_t *,
+                              const posix_spawnattr_t *, char *const[], char *const[]));
+REAL_DECL(int, system, (const char *));
+REAL_DECL(FILE *, popen, (const char *, const char *));
+REAL_DECL(int, pthread_create, (pthread_t *, const pthread_attr_t *, void *(*)(void *), void *));
+REAL_DECL(FILE *, fopen, (const char *, const char *));
+REAL_DECL(FILE *, fopen64, (const char *, const char *));
+REAL_DECL(void, _exit, (int)) __attribute__((noreturn));
+
+#define RESOLVE(name) \
+    do { \
+        if (!real_##name) real_##name = (__typeof__(real_##name))dlsym(RTLD_NEXT, #name); \
+    } while (0)
+
+static void resolve_all(void) {
+    RESOLVE(clock_gettime); RESOLVE(gettimeofday); RESOLVE(time); RESOLVE(timespec_get);
+    RESOLVE(clock); RESOLVE(read); RESOLVE(close); RESOLVE(opendir); RESOLVE(fdopendir);
+    RESOLVE(readdir64); RESOLVE(readdir); RESOLVE(rewinddir); RESOLVE(closedir);
+    RESOLVE(gethostname); RESOLVE(uname); RESOLVE(poll); RESOLVE(select);
+    RESOLVE(epoll_wait); RESOLVE(epoll_pwait); RESOLVE(fork); RESOLVE(execve);
+    RESOLVE(execvpe); RESOLVE(posix_spawn); RESOLVE(posix_spawnp); RESOLVE(system);
+    RESOLVE(popen); RESOLVE(pthread_create); RESOLVE(fopen); RESOLVE(fopen64); RESOLVE(_exit);
+}
+
+/* ------------------------------------------------------------------ small helpers */
+
+static size_t s_len(const char *s) { size_t n = 0; while (s[n]) n++; return n; }
+
+static char *s_put(char *p, char *end, const char *s) {
+    while (*s && p < end) *p++ = *s++;
+    return p;
+}
+
+static char *u_put(char *p, char *end, unsigned long long v) {
+    char tmp[24]; int n = 0;
+    do { tmp[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+    while (n && p < end) *p++ = tmp[--n];
+    return p;
+}
+
+static char *i_put(char *p, char *end, long long v) {
+    if (v < 0 && p < end) { *p++ = '-'; return u_put(p, end, (unsigned long long)(-v)); }
+    return u_put(p, end, (unsigned long long)v);
+}
+
+static int starts(const char *s, const char *prefix) {
+    while (*prefix) if (*s++ != *prefix++) return 0;
+    return 1;
+}
+
+/* Memory for the shim itself, in its own address range (see header comment). */
+static uintptr_t g_arena = 0x100000000000ULL;
+
+static void *shim_map(size_t len, int fd) {
+    len = (len + 4095) & ~(size_t)4095;
+    for (int tries = 0; tries < 64; tries++) {
+        uintptr_t at = __atomic_fetch_add(&g_arena, len + 65536, __ATOMIC_RELAXED);
+        long p = RS6(SYS_mmap, at, len, fd < 0 ? PROT_READ | PROT_WRITE : PROT_READ,
+                     MAP_PRIVATE | (fd < 0 ? MAP_ANONYMOUS | MAP_NORESERVE : 0) |
+                         MAP_FIXED_NOREPLACE,
+                     fd, 0);
+        if (p == -EEXIST) continue;
+        if (is_err(p)) return NULL;
+        return (void *)p;
+    }
+    return NULL;
+}
+
+static void shim_unmap(void *p, size_t len) {
+    RS2(SYS_munmap, p, (len + 4095) & ~(size_t)4095);
+}
+
+static void spin_lock(int *l) {
+    while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE)) RS0(SYS_sched_yield);
+}
+static void spin_unlock(int *l) { __atomic_store_n(l, 0, __ATOMIC_RELEASE); }
+
+/* ------------------------------------------------------------------ per-thread state */
+
+#define MAXT 1024
+#define BUFCAP (60 * 1024)
+
+typedef struct tbuf {
+    int used;
+    int lock;
+    uint32_t tindex;
+    uint32_t len;
+    unsigned char data[BUFCAP];
+} tbuf_t;
+
+static tbuf_t *g_slots[MAXT];
+
+typedef struct {
+    const unsigned char *base;
+    size_t size, off;
+    uint32_t pos;
+    int mapped;
+} stream_t;
+
+typedef struct {
+    int init;
+    int guard;
+    uint32_t tindex;
+    tbuf_t *tb;
+    stream_t st[NCH];
+} tls_t;
+
+static __thread tls_t T __attribute__((tls_model("initial-exec")));
+
+static void thread_init(void) {
+    T.tindex = __atomic_fetch_add(&g_tnext, 1, __ATOMIC_RELAXED);
+    T.init = 1;
+    if (g_inited) pthread_setspecific(g_key, (void *)1);
+}
+
+static inline tls_t *me(void) {
+    if (UNLIKELY(!T.init)) thread_init();
+    return &T;
+}
+
+/* ------------------------------------------------------------------ record: shipping */
+
+static int sock_ok(void) {
+    if (g_sock < 0) return 0;
+    struct stat st;
+    if (is_err(RS2(SYS_fstat, g_sock, &st)) || st.st_ino != g_sock_ino) {
+        g_sock = -1; /* the program closed it (close_range in a child) or reused the number */
+        return 0;
+    }
+    return 1;
+}
+
+static int sock_connect(void) {
+    if (sock_ok()) return 1;
+    long fd = RS3(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (is_err(fd)) return 0;
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, g_sockpath, s_len(g_sockpath));
+    if (is_err(RS3(SYS_connect, fd, &sa, sizeof sa))) { RS1(SYS_close, fd); return 0; }
+    int sndbuf = 4 << 20; /* big listings travel as one message */
+    if (is_err(RS6(SYS_setsockopt, fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndbuf, sizeof sndbuf, 0)))
+        RS6(SYS_setsockopt, fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf, 0);
+    /* move out of the program's way: it must see the same fd numbers in both modes */
+    long hi = RS3(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 900);
+    if (!is_err(hi)) { RS1(SYS_close, fd); fd = hi; }
+    struct stat st;
+    RS2(SYS_fstat, fd, &st);
+    g_sock_ino = st.st_ino;
+    g_sock = (int)fd;
+    return 1;
+}
+
+static void ship(uint16_t type, uint32_t tindex, const void *body, size_t n) {
+    if (!sock_connect()) return;
+    unsigned char hdr[14 + 256];
+    memcpy(hdr, "STP1", 4);
+    memcpy(hdr + 4, &type, 2);
+    memset(hdr + 6, 0, 2);
+    memcpy(hdr + 8, &tindex, 4);
+    memcpy(hdr + 12, &g_proclen, 2);
+    memcpy(hdr + 14, g_proc, g_proclen);
+    struct iovec iov[2] = {{hdr, 14u + g_proclen}, {(void *)body, n}};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = iov;
+    mh.msg_iovlen = n ? 2 : 1;
+    long r;
+    do r = RS3(SYS_sendmsg, g_sock, &mh, MSG_NOSIGNAL); while (r == -EINTR);
+}
+
+/* Called with b->lock held. */
+static void ship_buf(tbuf_t *b) {
+    if (b->len) {
+        ship(MSG_DATA, b->tindex, b->data, b->len);
+        b->len = 0;
+    }
+}
+
+static void flush_all(void) {
+    for (int i = 0; i < MAXT; i++) {
+        tbuf_t *b = g_slots[i];
+        if (!b) break;
+        if (!__atomic_load_n(&b->used, __ATOMIC_ACQUIRE) && !b->len) continue;
+        spin_lock(&b->lock);
+        ship_buf(b);
+        spin_unlock(&b->lock);
+    }
+}
+
+/* Send a barrier (or exit) message and wait for the recorder's one-byte ack. */
+static void barrier(uint16_t type) {
+    spin_lock(&g_barrier_lock);
+    ship(type, me()->tindex, NULL, 0);
+    if (g_sock >= 0) {
+        char ack;
+        long r;
+        do r = RS3(SYS_read, g_sock, &ack, 1); while (r == -EINTR);
+    }
+    spin_unlock(&g_barrier_lock);
+}
+
+static tbuf_t *claim_buf(uint32_t tindex) {
+    for (int i = 0; i < MAXT; i++) {
+        tbuf_t *b = g_slots[i];
+        if (!b) {
+            tbuf_t *nb = shim_map(sizeof(tbuf_t), -1);
+            if (!nb) return NULL;
+            nb->used = 1;
+            nb->tindex = tindex;
+            tbuf_t *expect = NULL;
+            if (__atomic_compare_exchange_n(&g_slots[i], &expect, nb, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE))
+                return nb;
+            shim_unmap(nb, sizeof(tbuf_t));
+            b = expect;
+        }
+        int zero = 0;
+        if (!b->len && __atomic_compare_exchange_n(&b->used, &zero, 1, 0, __ATOMIC_ACQ_REL,
+                                                   __ATOMIC_ACQUIRE)) {
+            spin_lock(&b->lock);
+            ship_buf(b); /* a late record of a previous owner */
+            b->tindex = tindex;
+            spin_unlock(&b->lock);
+            return b;
+        }
+    }
+    return NULL;
+}
+
+/* Append one record to this thread's buffer: u8 channel | u8 op | u16 flags | u32 len. */
+static void rec2(tls_t *t, int ch, int op, const void *p1, uint32_t n1, const void *p2,
+                 uint32_t n2) {
+    tbuf_t *b = t->tb;
+    if (UNLIKELY(!b)) {
+        b = t->tb = claim_buf(t->tindex);
+        if (!b) return;
+    }
+    uint32_t n = n1 + n2, need = 8 + n;
+    spin_lock(&b->lock);
+    if (UNLIKELY(b->len + need > BUFCAP)) ship_buf(b);
+    if (UNLIKELY(need > BUFCAP)) { /* oversized (a big listing): its own message */
+        unsigned char *big = shim_map(need, -1);
+        if (big) {
+            big[0] = (unsigned char)ch; big[1] = (unsigned char)op; big[2] = big[3] = 0;
+            memcpy(big + 4, &n, 4);
+            memcpy(big + 8, p1, n1);
+            if (n2) memcpy(big + 8 + n1, p2, n2);
+            ship(MSG_DATA, b->tindex, big, need);
+            shim_unmap(big, need);
+        }
+        spin_unlock(&b->lock);
+        return;
+    }
+    unsigned char *w = b->data + b->len;
+    w[0] = (unsigned char)ch;
+    w[1] = (unsigned char)op;
+    w[2] = w[3] = 0;
+    memcpy(w + 4, &n, 4);
+    memcpy(w + 8, p1, n1);
+    if (n2) memcpy(w + 8 + n1, p2, n2);
+    b->len += need;
+    if (UNLIKELY(g_final)) ship_buf(b);
+    spin_unlock(&b->lock);
+}
+
+static inline void rec(tls_t *t, int ch, int op, const void *p, uint32_t n) {
+    rec2(t, ch, op, p, n, NULL, 0);
+}
+
+/* ------------------------------------------------------------------ replay: streams */
+
+static void path_of_stream(char *out, size_t cap, uint32_t tindex, int ch) {
+    char *p = out, *end = out + cap - 1;
+    p = s_put(p, end, g_tape);
+    p = s_put(p, end, "/");
+    p = s_put(p, end, g_proc);
+    p = s_put(p, end, "/");
+    p = u_put(p, end, tindex);
+    p = s_put(p, end, ".");
+    p = s_put(p, end, CH_NAMES[ch]);
+    *p = 0;
+}
+
+static void map_stream(tls_t *t, int ch) {
+    stream_t *s = &t->st[ch];
+    s->mapped = 1;
+    s->base = NULL;
+    s->size = s->off = 0;
+    s->pos = 0;
+    char path[1400];
+    path_of_stream(path, sizeof path, t->tindex, ch);
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    if (is_err(fd)) return;
+    struct stat st;
+    if (!is_err(RS2(SYS_fstat, fd, &st)) && st.st_size > 0) {
+        void *m = shim_map((size_t)st.st_size, (int)fd);
+        if (m) { s->base = m; s->size = (size_t)st.st_size; }
+    }
+    RS1(SYS_close, fd);
+}
+
+static const char *op_name(int ch, int op) {
+    switch (ch * 16 + op) {
+    case CH_CLOCK * 16 + OP_CLOCK_GETTIME: return "clock_gettime";
+    case CH_CLOCK * 16 + OP_GETTIMEOFDAY: return "gettimeofday";
+    case CH_CLOCK * 16 + OP_TIME: return "time";
+    case CH_CLOCK * 16 + OP_TIMESPEC_GET: return "timespec_get";
+    case CH_CLOCK * 16 + OP_CLOCK: return "clock";
+    case CH_ENTROPY * 16 + OP_GETRANDOM: return "getrandom";
+    case CH_ENTROPY * 16 + OP_GETENTROPY: return "getentropy";
+    case CH_ENTROPY * 16 + OP_RANDOM_READ: return "read(/dev/urandom)";
+    case CH_DIRENTS * 16 + OP_OPENDIR: return "opendir";
+    case CH_IDENTITY * 16 + OP_GETPID: return "getpid";
+    case CH_IDENTITY * 16 + OP_GETPPID: return "getppid";
+    case CH_IDENTITY * 16 + OP_GETTID: return "gettid";
+    case CH_IDENTITY * 16 + OP_GETHOSTNAME: return "gethostname";
+    case CH_IDENTITY * 16 + OP_UNAME: return "uname";
+    case CH_WAIT * 16 + OP_NANOSLEEP: return "nanosleep";
+    case CH_WAIT * 16 + OP_CLOCK_NANOSLEEP: return "clock_nanosleep";
+    case CH_WAIT * 16 + OP_SLEEP: return "sleep";
+    case CH_WAIT * 16 + OP_USLEEP: return "usleep";
+    case CH_WAIT * 16 + OP_POLL: return "poll";
+    case CH_WAIT * 16 + OP_SELECT: return "select";
+    case CH_WAIT * 16 + OP_EPOLL: return "epoll_wait";
+    }
+    return "?";
+}
+
+/* "name(arg...)" from an op and its argument prefix. */
+static char *describe(char *p, char *end, int ch, int op, const unsigned char *a, uint32_t n) {
+    p = s_put(p, end, op_name(ch, op));
+    p = s_put(p, end, "(");
+    int32_t i1 = 0, i2 = 0;
+    int64_t l1 = 0, l2 = 0;
+    if (n >= 4) memcpy(&i1, a, 4);
+    if (n >= 8) memcpy(&i2, a + 4, 4);
+    switch (ch) {
+    case CH_CLOCK:
+        if (op == OP_CLOCK_GETTIME) { p = s_put(p, end, "clock="); p = i_put(p, end, i1); }
+        if (op == OP_TIMESPEC_GET) { p = s_put(p, end, "base="); p = i_put(p, end, i1); }
+        break;
+    case CH_ENTROPY:
+        p = s_put(p, end, "size="); p = u_put(p, end, (uint32_t)i1);
+        if (op == OP_GETRANDOM) { p = s_put(p, end, ", flags="); p = i_put(p, end, i2); }
+        break;
+    case CH_DIRENTS:
+        if (n >= 2) {
+            uint16_t pl; memcpy(&pl, a, 2);
+            p = s_put(p, end, "path=");
+            for (uint32_t i = 0; i < pl && 2 + i < n && p < end; i++)
+                *p++ = (a[2 + i] == '\t' || a[2 + i] == '\n') ? ' ' : (char)a[2 + i];
+        }
+        break;
+    case CH_IDENTITY:
+        if (op == OP_GETHOSTNAME) { p = s_put(p, end, "size="); p = u_put(p, end, (uint32_t)i1); }
+        break;
+    case CH_WAIT:
+        if (op == OP_NANOSLEEP && n >= 16) {
+            memcpy(&l1, a, 8); memcpy(&l2, a + 8, 8);
+            p = i_put(p, end, l1); p = s_put(p, end, "s+"); p = i_put(p, end, l2); p = s_put(p, end, "ns");
+        } else if (op == OP_CLOCK_NANOSLEEP && n >= 24) {
+            memcpy(&l1, a + 8, 8); memcpy(&l2, a + 16, 8);
+            p = s_put(p, end, "clock="); p = i_put(p, end, i1);
+            p = s_put(p, end, ", flags="); p = i_put(p, end, i2); p = s_put(p, end, ", ");
+            p = i_put(p, end, l1); p = s_put(p, end, "s+"); p = i_put(p, end, l2); p = s_put(p, end, "ns");
+        } else if (op == OP_SELECT && n >= 16) {
+            memcpy(&l1, a + 8, 8);
+            p = s_put(p, end, "timeout_us="); p = i_put(p, end, l1);
+        } else if (n >= 4) {
+            p = s_put(p, end, op == OP_POLL || op == OP_EPOLL ? "timeout_ms=" : "");
+            p = i_put(p, end, i1);
+        }
+        break;
+    }
+    return s_put(p, end, ")");
+}
+
+static void append_report(const char *line, size_t n) {
+    char path[1100];
+    char *p = s_put(path, path + sizeof path - 1, g_tape);
+    p = s_put(p, path + sizeof path - 1, "/divergence");
+    *p = 0;
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (is_err(fd)) return;
+    RS3(SYS_write, fd, line, n);
+    RS1(SYS_close, fd);
+}
+
+static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, int op,
+                   const void *args, uint32_t argn) {
+    char line[2048];
+    char *p = line, *end = line + sizeof line - 2;
+    p = s_put(p, end, kind);
+    p = s_put(p, end, "\tproc="); p = s_put(p, end, g_proc);
+    p = s_put(p, end, "\tthread="); p = u_put(p, end, t->tindex);
+    p = s_put(p, end, "\tchannel="); p = s_put(p, end, CH_NAMES[ch]);
+    p = s_put(p, end, "\tpos="); p = u_put(p, end, t->st[ch].pos);
+    p = s_put(p, end, "\trecorded=");
+    if (rh) {
+        uint32_t rn; memcpy(&rn, rh + 4, 4);
+        uint32_t an = argn < rn ? argn : rn;
+        if (rh[0] != ch) p = s_put(p, end, "other-channel");
+        else p = describe(p, end, rh[0], rh[1], rh + 8, an);
+    } else {
+        p = s_put(p, end, "end-of-stream");
+    }
+    p = s_put(p, end, "\tasked=");
+    p = describe(p, end, ch, op, args, argn);
+    *p++ = '\n';
+    if (g_reports++ < 500) append_report(line, (size_t)(p - line));
+}
+
+/* Next record of (thread, ch) if it is op with these argument bytes; else report the
+ * divergence and exit 86 (or return NULL under STENO_LENIENT, leaving the stream where
+ * it is so a later call may line up again). *plen receives the payload length. */
+static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, uint32_t argn,
+                                  uint32_t *plen) {
+    stream_t *s = &t->st[ch];
+    if (UNLIKELY(!s->mapped)) map_stream(t, ch);
+    const unsigned char *rh = NULL;
+    if (LIKELY(s->off + 8 <= s->size)) {
+        rh = s->base + s->off;
+        uint32_t n;
+        memcpy(&n, rh + 4, 4);
+        if (LIKELY(rh[0] == ch && rh[1] == op && n >= argn && s->off + 8 + n <= s->size &&
+                   memcmp(rh + 8, args, argn) == 0)) {
+            s->off += 8 + n;
+            s->pos++;
+            *plen = n;
+            return rh + 8;
+        }
+    }
+    report("divergence", t, ch, rh, op, args, argn);
+    if (!g_lenient) die(DIVERGENCE_EXIT);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ init */
+
+static void copy_env(char *dst, size_t cap, const char *v) {
+    size_t n = s_len(v);
+    if (n >= cap) n = cap - 1;
+    memcpy(dst, v, n);
+    dst[n] = 0;
+}
+
+static void thread_key_done(void *unused);
+
+__attribute__((constructor)) static void shim_init(void) {
+    if (g_inited) return;
+    resolve_all();
+    const char *mode = NULL, *sock = NULL, *tape = NULL, *proc = NULL, *shim = NULL,
+               *next = NULL, *lenient = NULL;
+    for (char **e = environ; e && *e; e++) {
+        const char *v = *e;
+        if (!starts(v, "STENO_")) continue;
+        if (starts(v, "STENO_MODE=")) mode = v + 11;
+        else if (starts(v, "STENO_SOCK=")) sock = v + 11;
+        else if (starts(v, "STENO_TAPE=")) tape = v + 11;
+        else if (starts(v, "STENO_PROC=")) proc = v + 11;
+        else if (starts(v, "STENO_SHIM=")) shim = v + 11;
+        else if (starts(v, "STENO_NEXT=")) next = v + 11;
+        else if (starts(v, "STENO_LENIENT=")) lenient = v + 14;
+    }
+    int m = MODE_OFF;
+    if (mode && mode[0] == 'r' && mode[2] == 'c') m = MODE_RECORD;
+    else if (mode && mode[0] == 'r' && mode[2] == 'p') m = MODE_REPLAY;
+    if (m == MODE_RECORD && !sock) m = MODE_OFF;
+    if (m == MODE_REPLAY && !tape) m = MODE_OFF;
+    if (m != MODE_OFF) {
+        copy_env(g_sockpath, sizeof g_sockpath, sock ? sock : "");
+        copy_env(g_tape, sizeof g_tape, tape ? tape : "");
+        copy_env(g_proc, sizeof g_proc, proc ? proc : "0");
+        copy_env(g_shim, sizeof g_shim, shim ? shim : "");
+        g_proclen = (uint16_t)s_len(g_proc);
+        g_lenient = lenient && lenient[0] == '1';
+        uint32_t tbase = 0, cnext = 0;
+        if (next) {
+            const char *p = next;
+            while (*p >= '0' && *p <= '9') tbase = tbase * 10 + (uint32_t)(*p++ - '0');
+            if (*p == ',') p++;
+            while (*p >= '0' && *p <= '9') cnext = cnext * 10 + (uint32_t)(*p++ - '0');
+        }
+        T.tindex = tbase;
+        T.init = 1;
+        g_tnext = tbase + 1;
+        g_cnext = cnext;
+        /* hide STENO_* from the program: record and replay must look alike */
+        char **w = environ;
+        for (char **e = environ; e && *e; e++)
+            if (!starts(*e, "STENO_")) *w++ = *e;
+        if (w) *w = NULL;
+        pthread_key_create(&g_key, thread_key_done);
+        pthread_setspecific(g_key, (void *)1);
+    }
+    g_mode = m;
+    g_inited = 1;
+}
+
+static void final_flush(void) {
+    if (g_mode != MODE_RECORD || g_final) return;
+    T.guard++;
+    flush_all();
+    barrier(MSG_EXIT);
+    g_final = 1;
+    T.guard--;
+}
+
+__attribute__((destructor)) static void shim_fini(void) { final_flush(); }
+
+static void thread_key_done(void *unused) {
+    (void)unused;
+    if (g_mode != MODE_RECORD || !T.tb) return;
+    tbuf_t *b = T.tb;
+    spin_lock(&b->lock);
+    ship_buf(b);
+    __atomic_store_n(&b->used, 0, __ATOMIC_RELEASE);
+    spin_unlock(&b->lock);
+    T.tb = NULL;
+}
+
+/* Fast gate: are we recording or replaying, and not inside the shim already? */
+#define ACTIVE() (LIKELY(g_mode) && LIKELY(!T.guard))
+
+/* ------------------------------------------------------------------ clocks */
+
+typedef struct { int32_t arg; int32_t rc; int64_t a; int64_t b; } clockrec_t;
+
+EXPORT int clock_gettime(clockid_t id, struct timespec *ts) {
+    if (UNLIKELY(!real_clock_gettime)) RESOLVE(clock_gettime);
+    if (!ACTIVE()) return real_clock_gettime(id, ts);
+    tls_t *t = me();
+    int32_t arg = (int32_t)id;
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_CLOCK, OP_CLOCK_GETTIME, &arg, 4, &n);
+        if (LIKELY(p != NULL)) {
+            clockrec_t r;
+            memcpy(&r, p, sizeof r);
+            if (r.rc) { errno = -r.rc; return -1; }
+            ts->tv_sec = r.a;
+            ts->tv_nsec = r.b;
+            return 0;
+        }
+        return real_clock_gettime(id, ts);
+    }
+    int rc = real_clock_gettime(id, ts);
+    clockrec_t r = {arg, rc ? -errno : 0, rc ? 0 : ts->tv_sec, rc ? 0 : ts->tv_nsec};
+    rec(t, CH_CLOCK, OP_CLOCK_GETTIME, &r, sizeof r);
+    return rc;
+}
+EXPORT int __clock_gettime(clockid_t id, struct timespec *ts) { return clock_gettime(id, ts); }
+
+/* Shared path for the clock ops that are not clock_gettime. */
+static int clock_other(int op, int32_t arg, int64_t *a, int64_t *b, int *served) {
+    tls_t *t = me();
+    *served = 0;
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_CLOCK, op, &arg, 4, &n);
+        if (p) {
+            clockrec_t r;
+            memcpy(&r, p, sizeof r);
+            *a = r.a;
+            *b = r.b;
+            *served = 1;
+            return r.rc;
+        }
+        return 0;
+    }
+    return 0;
+}
+
+static void clock_rec(int op, int32_t arg, int32_t rc, int64_t a, int64_t b) {
+    clockrec_t r = {arg, rc, a, b};
+    rec(me(), CH_CLOCK, op, &r, sizeof r);
+}
+
+EXPORT int gettimeofday(struct timeval *tv, void *tz) {
+    RESOLVE(gettimeofday);
+    if (!ACTIVE() || (void *)tv == g_null) return real_gettimeofday(tv, tz);
+    int64_t a = 0, b = 0;
+    int served;
+    int rc = clock_other(OP_GETTIMEOFDAY, 0, &a, &b, &served);
+    if (served) {
+        if (tz) memset(tz, 0, sizeof(struct timezone));
+        if (rc) { errno = -rc; return -1; }
+        tv->tv_sec = a;
+        tv->tv_usec = b;
+        return 0;
+    }
+    int r = real_gettimeofday(tv, tz);
+    if (g_mode == MODE_RECORD) clock_rec(OP_GETTIMEOFDAY, 0, r ? -errno : 0, tv->tv_sec, tv->tv_usec);
+    return r;
+}
+
+EXPORT time_t time(time_t *out) {
+    RESOLVE(time);
+    if (!ACTIVE()) return real_time(out);
+    int64_t a = 0, b = 0;
+    int served;
+    clock_other(OP_TIME, 0, &a, &b, &served);
+    if (served) {
+        if (out) *out = (time_t)a;
+        return (time_t)a;
+    }
+    time_t v = real_time(out);
+    if (g_mode == MODE_RECORD) clock_rec(OP_TIME, 0, 0, v, 0);
+    return v;
+}
+
+EXPORT int timespec_get(struct timespec *ts, int base) {
+    RESOLVE(timespec_get);
+    if (!ACTIVE()) return real_timespec_get(ts, base);
+    int64_t a = 0, b = 0;
+    int served;
+    int rc = clock_other(OP_TIMESPEC_GET, base, &a, &b, &served);
+    if (served) {
+        if (rc) { ts->tv_sec = a; ts->tv_nsec = b; }
+        return rc;
+    }
+    int r = real_timespec_get(ts, base);
+    if (g_mode == MODE_RECORD) clock_rec(OP_TIMESPEC_GET, base, r, r ? ts->tv_sec : 0, r ? ts->tv_nsec : 0);
+    return r;
+}
+
+EXPORT clock_t clock(void) {
+    RESOLVE(clock);
+    if (!ACTIVE()) return real_clock();
+    int64_t a = 0, b = 0;
+    int served;
+    clock_other(OP_CLOCK, 0, &a, &b, &served);
+    if (served) return (clock_t)a;
+    clock_t v = real_clock();
+    if (g_mode == MODE_RECORD) clock_rec(OP_CLOCK, 0, 0, v, 0);
+    return v;
+}
+
+/* ------------------------------------------------------------------ entropy */
+
+#define ECHUNK 32768 /* bigger requests are split, identically in both modes */
+
+static ssize_t entropy_chunk(int op, void *buf, uint32_t size, uint32_t flags, int fd) {
+    tls_t *t = me();
+    uint32_t args[2] = {size, flags};
+    uint32_t argn = op == OP_GETRANDOM ? 8 : 4;
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_ENTROPY, op, args, argn, &n);
+        if (p) {
+            int32_t rc;
+            memcpy(&rc, p + argn, 4);
+            uint32_t hdr = argn + (op == OP_GETRANDOM ? 8 : 4);
+            if (rc < 0) { errno = -rc; return -1; }
+            uint32_t give = op == OP_GETENTROPY ? size : (uint32_t)rc;
+            if (give > n - hdr) give = n - hdr;
+            memcpy(buf, p + hdr, give);
+            return op == OP_GETENTROPY ? 0 : rc;
+        }
+    }
+    long r;
+    if (op == OP_RANDOM_READ) r = RS3(SYS_read, fd, buf, size);
+    else r = RS3(SYS_getrandom, buf, size, op == OP_GETENTROPY ? 0 : flags);
+    if (op == OP_GETENTROPY && r >= 0 && (uint32_t)r != size) r = -EIO;
+    if (g_mode == MODE_RECORD) {
+        unsigned char head[16];
+        int32_t rc = is_err(r) ? (int32_t)r : (op == OP_GETENTROPY ? 0 : (int32_t)r);
+        uint32_t data = is_err(r) ? 0 : (uint32_t)r;
+        memcpy(head, args, argn);
+        memcpy(head + argn, &rc, 4);
+        uint32_t hn = argn + 4;
+        if (op == OP_GETRANDOM) { memset(head + hn, 0, 4); hn += 4; }
+        rec2(t, CH_ENTROPY, op, head, hn, buf, data);
+    }
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    return op == OP_GETENTROPY ? 0 : r;
+}
+
+static ssize_t entropy(int op, void *buf, size_t size, uint32_t flags, int fd) {
+    if (size <= ECHUNK) return entropy_chunk(op, buf, (uint32_t)size, flags, fd);
+    size_t done = 0;
+    while (done < size) {
+        size_t n = size - done > ECHUNK ? ECHUNK : size - done;
+        ssize_t r = entropy_chunk(op, (char *)buf + done, (uint32_t)n, flags, fd);
+        if (r < 0) return done ? (ssize_t)done : -1;
+        if (op == OP_GETENTROPY) r = (ssize_t)n;
+        if (r == 0) break;
+        done += (size_t)r;
+        if ((size_t)r < n) break;
+    }
+    return op == OP_GETENTROPY ? 0 : (ssize_t)done;
+}
+
+EXPORT ssize_t getrandom(void *buf, size_t n, unsigned int flags) {
+    if (!ACTIVE()) {
+        long r = RS3(SYS_getrandom, buf, n, flags);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return r;
+    }
+    return entropy(OP_GETRANDOM, buf, n, flags, -1);
+}
+
+EXPORT int getentropy(void *buf, size_t n) {
+    if (n > 256) { errno = EIO; return -1; }
+    if (!ACTIVE()) {
+        long r = RS3(SYS_getrandom, buf, n, 0);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return 0;
+    }
+    return (int)entropy(OP_GETENTROPY, buf, n, 0, -1);
+}
+
+EXPORT void arc4random_buf(void *buf, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = getrandom((char *)buf + done, n - done, 0);
+        if (r > 0) done += (size_t)r;
+    }
+}
+EXPORT uint32_t arc4random(void) { uint32_t v; arc4random_buf(&v, sizeof v); return v; }
+EXPORT uint32_t arc4random_uniform(uint32_t upper) {
+    if (upper < 2) return 0;
+    uint32_t min = -upper % upper, r;
+    do r = arc4random(); while (r < min);
+    return r % upper;
+}
+
+/* fds open on /dev/urandom or /dev/random */
+static uint64_t g_rfd[16];
+
+static inline int rfd_is(int fd) {
+    return (unsigned)fd < 1024 && (__atomic_load_n(&g_rfd[fd >> 6], __ATOMIC_RELAXED) >> (fd & 63) & 1);
+}
+static inline void rfd_set(int fd, int on) {
+    if ((unsigned)fd >= 1024) return;
+    if (on) __atomic_fetch_or(&g_rfd[fd >> 6], 1ULL << (fd & 63), __ATOMIC_RELAXED);
+    else __atomic_fetch_and(&g_rfd[fd >> 6], ~(1ULL << (fd & 63)), __ATOMIC_RELAXED);
+}
+
+static int is_random_path(const char *p) {
+    return p && starts(p, "/dev/") && (!strcmp(p + 5, "urandom") || !strcmp(p + 5, "random"));
+}
+
+static int open_common(int dirfd, const char *path, int flags, mode_t mode) {
+    long fd = RS4(SYS_openat, dirfd, path, flags, mode);
+    if (is_err(fd)) { errno = (int)-fd; return -1; }
+    if (g_mode && is_random_path(path)) rfd_set((int)fd, 1);
+    else if (g_mode) rfd_set((int)fd, 0);
+    return (int)fd;
+}
+
+#define OPEN_MODE(flags) \
+    mode_t mode = 0; \
+    if ((flags) & (O_CREAT | __O_TMPFILE)) { va_list ap; va_start(ap, flags); mode = va_arg(ap, mode_t); va_end(ap); }
+
+EXPORT int open(const char *path, int flags, ...) { OPEN_MODE(flags); return open_common(AT_FDCWD, path, flags, mode); }
+EXPORT int open64(const char *path, int flags, ...) { OPEN_MODE(flags); return open_common(AT_FDCWD, path, flags, mode); }
+EXPORT int openat(int d, const char *path, int flags, ...) { OPEN_MODE(flags); return open_common(d, path, flags, mode); }
+EXPORT int openat64(int d, const char *path, int flags, ...) { OPEN_MODE(flags); return open_common(d, path, flags, mode); }
+EXPORT int __open_2(const char *path, int flags) { return open_common(AT_FDCWD, path, flags, 0); }
+EXPORT int __open64_2(const char *path, int flags) { return open_common(AT_FDCWD, path, flags, 0); }
+EXPORT int __openat_2(int d, const char *path, int flags) { return open_common(d, path, flags, 0); }
+EXPORT int __openat64_2(int d, const char *path, int flags) { return open_common(d, path, flags, 0); }
+
+EXPORT int close(int fd) {
+    if (UNLIKELY(rfd_is(fd))) rfd_set(fd, 0);
+    RESOLVE(close);
+    return real_close(fd);
+}
+
+EXPORT ssize_t read(int fd, void *buf, size_t n) {
+    if (UNLIKELY(rfd_is(fd)) && ACTIVE()) return entropy(OP_RANDOM_READ, buf, n, 0, fd);
+    RESOLVE(read);
+    return real_read(fd, buf, n);
+}
+
+static ssize_t cookie_read(void *c, char *buf, size_t n) {
+    return read((int)(intptr_t)c, buf, n);
+}
+static int cookie_close(void *c) { return close((int)(intptr_t)c); }
+
+static FILE *fopen_random(const char *path, const char *mode) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    cookie_io_functions_t io = {cookie_read, NULL, NULL, cookie_close};
+    FILE *f = fopencookie((void *)(intptr_t)fd, mode, io);
+    if (!f) close(fd);
+    return f;
+}
+
+EXPORT FILE *fopen(const char *path, const char *mode) {
+    RESOLVE(fopen);
+    if (g_mode && is_random_path(path) && mode && mode[0] == 'r' && !strchr(mode, '+'))
+        return fopen_random(path, mode);
+    return real_fopen(path, mode);
+}
+EXPORT FILE *fopen64(const char *path, const char *mode) {
+    RESOLVE(fopen64);
+    if (g_mode && is_random_path(path) && mode && mode[0] == 'r' && !strchr(mode, '+'))
+        return fopen_random(path, mode);
+    return real_fopen64(path, mode);
+}
+
+/* ------------------------------------------------------------------ identity */
+
+static int32_t ident(int op, int32_t live) {
+    tls_t *t = me();
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_IDENTITY, op, NULL, 0, &n);
+        if (p && n >= 4) { int32_t v; memcpy(&v, p, 4); return v; }
+        return live;
+    }
+    rec(t, CH_IDENTITY, op, &live, 4);
+    return live;
+}
+
+EXPORT pid_t getpid(void) {
+    pid_t live = (pid_t)RS0(SYS_getpid);
+    if (!ACTIVE()) return live;
+    return ident(OP_GETPID, live);
+}
+EXPORT pid_t getppid(void) {
+    pid_t live = (pid_t)RS0(SYS_getppid);
+    if (!ACTIVE()) return live;
+    return ident(OP_GETPPID, live);
+}
+EXPORT pid_t gettid(void) {
+    pid_t live = (pid_t)RS0(SYS_gettid);
+    if (!ACTIVE()) return live;
+    return ident(OP_GETTID, live);
+}
+
+EXPORT int gethostname(char *name, size_t len) {
+    RESOLVE(gethostname);
+    if (!ACTIVE()) return real_gethostname(name, len);
+    tls_t *t = me();
+    uint32_t size = (uint32_t)len;
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_IDENTITY, OP_GETHOSTNAME, &size, 4, &n);
+        if (p) {
+            int32_t rc; uint32_t k;
+            memcpy(&rc, p + 4, 4); memcpy(&k, p + 8, 4);
+            if (rc) { errno = -rc; return -1; }
+            if (k > len) k = (uint32_t)len;
+            memcpy(name, p + 12, k);
+            return 0;
+        }
+        return real_gethostname(name, len);
+    }
+    int r = real_gethostname(name, len);
+    unsigned char head[12];
+    int32_t rc = r ? -errno : 0;
+    uint32_t k = 0;
+    if (!r) { while (k < len && name[k]) k++; if (k < len) k++; }
+    memcpy(head, &size, 4); memcpy(head + 4, &rc, 4); memcpy(head + 8, &k, 4);
+    rec2(t, CH_IDENTITY, OP_GETHOSTNAME, head, 12, name, k);
+    if (r) errno = -rc;
+    return r;
+}
+
+EXPORT int uname(struct utsname *u) {
+    RESOLVE(uname);
+    if (!ACTIVE()) return real_uname(u);
+    tls_t *t = me();
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_IDENTITY, OP_UNAME, NULL, 0, &n);
+        if (p && n >= 4 + sizeof *u) {
+            int32_t rc; memcpy(&rc, p, 4);
+            if (rc) { errno = -rc; return -1; }
+            memcpy(u, p + 4, sizeof *u);
+            return 0;
+        }
+        return real_uname(u);
+    }
+    int r = real_uname(u);
+    int32_t rc = r ? -errno : 0;
+    struct utsname z;
+    if (r) memset(&z, 0, sizeof z);
+    rec2(t, CH_IDENTITY, OP_UNAME, &rc, 4, r ? &z : u, sizeof *u);
+    if (r) errno = -rc;
+    return r;
+}
+
+/* ------------------------------------------------------------------ timed waits */
+
+typedef struct { int64_t sec, nsec; int32_t rc, pad; int64_t rsec, rnsec; } sleeprec_t;
+
+EXPORT int nanosleep(const struct timespec *req, struct timespec *rem) {
+    if (!ACTIVE() || !req) {
+        long r = RS2(SYS_nanosleep, req, rem);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return 0;
+    }
+    tls_t *t = me();
+    int64_t args[2] = {req->tv_sec, req->tv_nsec};
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_WAIT, OP_NANOSLEEP, args, 16, &n);
+        if (p) {
+            sleeprec_t s; memcpy(&s, p, sizeof s);
+            if (rem && s.rc) { rem->tv_sec = s.rsec; rem->tv_nsec = s.rnsec; }
+            if (s.rc) { errno = -s.rc; return -1; }
+            return 0;
+        }
+    }
+    struct timespec r2 = {0, 0};
+    long r = RS2(SYS_nanosleep, req, &r2);
+    if (rem) *rem = r2;
+    if (g_mode == MODE_RECORD) {
+        sleeprec_t s = {args[0], args[1], is_err(r) ? (int32_t)r : 0, 0, r2.tv_sec, r2.tv_nsec};
+        rec(t, CH_WAIT, OP_NANOSLEEP, &s, sizeof s);
+    }
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    return 0;
+}
+
+typedef struct { int32_t clock, flags; int64_t sec, nsec; int32_t rc, pad; int64_t rsec, rnsec; } csleeprec_t;
+
+EXPORT int clock_nanosleep(clockid_t clk, int flags, const struct timespec *req, struct timespec *rem) {
+    if (!ACTIVE() || !req) return (int)-RS4(SYS_clock_nanosleep, clk, flags, req, rem);
+    tls_t *t = me();
+    csleeprec_t s = {(int32_t)clk, flags, req->tv_sec, req->tv_nsec, 0, 0, 0, 0};
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_WAIT, OP_CLOCK_NANOSLEEP, &s, 24, &n);
+        if (p) {
+            memcpy(&s, p, sizeof s);
+            if (rem && s.rc && !(flags & TIMER_ABSTIME)) { rem->tv_sec = s.rsec; rem->tv_nsec = s.rnsec; }
+            return s.rc;
+        }
+    }
+    struct timespec r2 = {0, 0};
+    long r = RS4(SYS_clock_nanosleep, clk, flags, req, &r2);
+    if (rem && r == -EINTR && !(flags & TIMER_ABSTIME)) *rem = r2;
+    if (g_mode == MODE_RECORD) {
+        s.rc = (int32_t)-r; s.rsec = r2.tv_sec; s.rnsec = r2.tv_nsec;
+        rec(t, CH_WAIT, OP_CLOCK_NANOSLEEP, &s, sizeof s);
+    }
+    return (int)-r;
+}
+
+EXPORT unsigned int sleep(unsigned int secs) {
+    if (!ACTIVE()) {
+        struct timespec req = {secs, 0}, rem = {0, 0};
+        if (is_err(RS2(SYS_nanosleep, &req, &rem))) return (unsigned)rem.tv_sec;
+        return 0;
+    }
+    tls_t *t = me();
+    uint32_t s[2] = {secs, 0};
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_WAIT, OP_SLEEP, s, 4, &n);
+        if (p) { memcpy(s, p, 8); return s[1]; }
+    }
+    struct timespec req = {secs, 0}, rem = {0, 0};
+    s[1] = is_err(RS2(SYS_nanosleep, &req, &rem)) ? (uint32_t)rem.tv_sec : 0;
+    if (g_mode == MODE_RECORD) rec(t, CH_WAIT, OP_SLEEP, s, 8);
+    return s[1];
+}
+
+EXPORT int usleep(useconds_t us) {
+    struct timespec req = {us / 1000000, (long)(us % 1000000) * 1000};
+    if (!ACTIVE()) {
+        long r = RS2(SYS_nanosleep, &req, NULL);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return 0;
+    }
+    tls_t *t = me();
+    int32_t s[2] = {(int32_t)us, 0};
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_WAIT, OP_USLEEP, s, 4, &n);
+        if (p) { memcpy(s, p, 8); if (s[1]) { errno = -s[1]; return -1; } return 0; }
+    }
+    long r = RS2(SYS_nanosleep, &req, NULL);
+    s[1] = is_err(r) ? (int32_t)r : 0;
+    if (g_mode == MODE_RECORD) rec(t, CH_WAIT, OP_USLEEP, s, 8);
+    if (s[1]) { errno = -s[1]; return -1; }
+    return 0;
+}
+
+/* Timed waits: 1 = the recording says this call timed out with nothing ready. */
+static int wait_served(tls_t *t, int op, const void *args, uint32_t argn) {
+    uint32_t n;
+    const unsigned char *p = serve(t, CH_WAIT, op, args, argn, &n);
+    if (!p) return 0;
+    int32_t to; memcpy(&to, p + argn, 4);
+    return to;
+}
+
+static void wait_rec(tls_t *t, int op, const void *args, uint32_t argn, int32_t timed_out) {
+    unsigned char b[24];
+    memcpy(b, args, argn);
+    memcpy(b + argn, &timed_out, 4);
+    rec(t, CH_WAIT, op, b, argn + 4);
+}
+
+EXPORT int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
+    RESOLVE(poll);
+    if (!ACTIVE() || timeout <= 0) return real_poll(fds, nfds, timeout);
+    tls_t *t = me();
+    int32_t args[2] = {timeout, (int32_t)nfds};
+    if (g_mode == MODE_REPLAY) {
+        if (wait_served(t, OP_POLL, args, 8)) {
+            for (nfds_t i = 0; i < nfds; i++) fds[i].revents = 0;
+            return 0;
+        }
+        return real_poll(fds, nfds, timeout);
+    }
+    int r = real_poll(fds, nfds, timeout);
+    int e = errno;
+    wait_rec(t, OP_POLL, args, 8, r == 0);
+    errno = e;
+    return r;
+}
+
+EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv) {
+    RESOLVE(select);
+    if (!ACTIVE() || !tv || (tv->tv_sec == 0 && tv->tv_usec == 0)) return real_select(nfds, r, w, x, tv);
+    tls_t *t = me();
+    int32_t a[4] = {nfds, 0, 0, 0};
+    int64_t us = (int64_t)tv->tv_sec * 1000000 + tv->tv_usec;
+    memcpy(a + 2, &us, 8);
+    if (g_mode == MODE_REPLAY) {
+        if (wait_served(t, OP_SELECT, a, 16)) {
+            if (r) FD_ZERO(r);
+            if (w) FD_ZERO(w);
+            if (x) FD_ZERO(x);
+            tv->tv_sec = 0; tv->tv_usec = 0;
+            return 0;
+        }
+        return real_select(nfds, r, w, x, tv);
+    }
+    int rc = real_select(nfds, r, w, x, tv);
+    int e = errno;
+    wait_rec(t, OP_SELECT, a, 16, rc == 0);
+    errno = e;
+    return rc;
+}
+
+EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout) {
+    RESOLVE(epoll_wait);
+    if (!ACTIVE() || timeout <= 0) return real_epoll_wait(ep, ev, max, timeout);
+    tls_t *t = me();
+    int32_t args[2] = {timeout, max};
+    if (g_mode == MODE_REPLAY) {
+        if (wait_served(t, OP_EPOLL, args, 8)) return 0;
+        return real_epoll_wait(ep, ev, max, timeout);
+    }
+    int r = real_epoll_wait(ep, ev, max, timeout);
+    int e = errno;
+    wait_rec(t, OP_EPOLL, args, 8, r == 0);
+    errno = e;
+    return r;
+}
+
+EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss) {
+    RESOLVE(epoll_pwait);
+    if (!ACTIVE() || timeout <= 0) return real_epoll_pwait(ep, ev, max, timeout, ss);
+    tls_t *t = me();
+    int32_t args[2] = {timeout, max};
+    if (g_mode == MODE_REPLAY) {
+        if (wait_served(t, OP_EPOLL, args, 8)) return 0;
+        return real_epoll_pwait(ep, ev, max, timeout, ss);
+    }
+    int r = real_epoll_pwait(ep, ev, max, timeout, ss);
+    int e = errno;
+    wait_rec(t, OP_EPOLL, args, 8, r == 0);
+    errno = e;
+    return r;
+}
+
+/* ------------------------------------------------------------------ syscall() */
+
+EXPORT long syscall(long n, ...) {
+    va_list ap;
+    va_start(ap, n);
+    long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
+    long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
+    va_end(ap);
+    if (g_mode) {
+        switch (n) {
+        case SYS_getpid: return getpid();
+        case SYS_getppid: return getppid();
+        case SYS_gettid: return gettid();
+        case SYS_getrandom: return getrandom((void *)a, (size_t)b, (unsigned)c);
+        case SYS_clock_gettime: return clock_gettime((clockid_t)a, (struct timespec *)b);
+        case SYS_gettimeofday: return gettimeofday((struct timeval *)a, (void *)b);
+        case SYS_time: return time((time_t *)a);
+        case SYS_nanosleep: return nanosleep((const struct timespec *)a, (struct timespec *)b);
+        }
+    }
+    long r = rsys(n, a, b, c, d, e, f);
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    return r;
+}
+
+/* ------------------------------------------------------------------ directory listings */
+
+typedef struct {
+    DIR *d;
+    unsigned char *block;
+    size_t cap;
+    struct dirent64 **ents;
+    uint32_t count, next;
+} dslot_t;
+
+#define NDIRS 512
+#define DBLOCK (64u << 20) /* virtual, MAP_NORESERVE: only touched pages cost */
+static dslot_t g_dirs[NDIRS];
+static int g_dirs_lock;
+
+static dslot_t *dslot_find(DIR *d) {
+    unsigned h = (unsigned)(((uintptr_t)d >> 4) % NDIRS);
+    for (unsigned i = 0; i < NDIRS; i++) {
+        dslot_t *s = &g_dirs[(h + i) % NDIRS];
+        if (s->d == d) return s;
+        if (!s->d && !s->block) return NULL;
+    }
+    return NULL;
+}
+
+static dslot_t *dslot_new(DIR *d) {
+    unsigned h = (unsigned)(((uintptr_t)d >> 4) % NDIRS);
+    spin_lock(&g_dirs_lock);
+    for (unsigned i = 0; i < NDIRS; i++) {
+        dslot_t *s = &g_dirs[(h + i) % NDIRS];
+        if (!s->d) {
+            s->d = d;
+            spin_unlock(&g_dirs_lock);
+            return s;
+        }
+    }
+    spin_unlock(&g_dirs_lock);
+    return NULL;
+}
+
+static int name_cmp(const char *a, const char *b) {
+    while (*a && *a == *b) { a++; b++; }
+    return (unsigned char)*a - (unsigned char)*b;
+}
+
+static void sort_ents(struct dirent64 **v, uint32_t n) { /* shell sort: no malloc, no recursion */
+    static const uint32_t gaps[] = {1750, 701, 301, 132, 57, 23, 10, 4, 1};
+    for (unsigned g = 0; g < sizeof gaps / sizeof *gaps; g++) {
+        uint32_t gap = gaps[g];
+        for (uint32_t i = gap; i < n; i++) {
+            struct dirent64 *x = v[i];
+            uint32_t j = i;
+            while (j >= gap && name_cmp(v[j - gap]->d_name, x->d_name) > 0) { v[j] = v[j - gap]; j -= gap; }
+            v[j] = x;
+        }
+    }
+}
+
+/* Add one entry to a listing block; entries grow up from the start, pointers down
+ * from the end. */
+static int block_add(dslot_t *s, size_t *used, uint64_t ino, unsigned char type,
+                     const char *name, uint16_t nl) {
+    size_t reclen = (offsetof(struct dirent64, d_name) + nl + 1 + 7) & ~(size_t)7;
+    size_t ptrs = (size_t)(s->count + 1) * sizeof(void *);
+    if (*used + reclen + ptrs > s->cap) return 0;
+    struct dirent64 *e = (struct dirent64 *)(s->block + *used);
+    e->d_ino = ino;
+    e->d_off = (int64_t)(s->count + 1);
+    e->d_reclen = (unsigned short)reclen;
+    e->d_type = type;
+    memcpy(e->d_name, name, nl);
+    e->d_name[nl] = 0;
+    s->ents = (struct dirent64 **)(s->block + s->cap) - (s->count + 1);
+    /* pointers are kept in order of insertion: shift is avoided by writing at the end */
+    s->ents[0] = e;
+    s->count++;
+    *used += reclen;
+    return 1;
+}
+
+/* Read the live listing of d into s, sorted. ents[] ends up in reverse insertion
+ * order; sorting fixes the order anyway. */
+static int live_listing(dslot_t *s, DIR *d) {
+    s->block = shim_map(DBLOCK, -1);
+    if (!s->block) return 0;
+    s->cap = DBLOCK;
+    s->count = 0;
+    s->ents = (struct dirent64 **)(s->block + s->cap);
+    size_t used = 0;
+    struct dirent64 *e;
+    while ((e = real_readdir64(d)) != NULL)
+        if (!block_add(s, &used, e->d_ino, e->d_type, e->d_name, (uint16_t)s_len(e->d_name))) break;
+    sort_ents(s->ents, s->count);
+    return 1;
+}
+
+static void listing_record(tls_t *t, dslot_t *s, const char *path, int32_t err) {
+    /* payload: u16 pathlen | path | i32 errno | u32 count | entries */
+    size_t total = 2 + s_len(path) + 8;
+    for (uint32_t i = 0; i < s->count; i++) total += 11 + s_len(s->ents[i]->d_name);
+    unsigned char *buf = shim_map(total, -1);
+    if (!buf) return;
+    unsigned char *w = buf;
+    uint16_t pl = (uint16_t)s_len(path);
+    memcpy(w, &pl, 2); memcpy(w + 2, path, pl); w += 2 + pl;
+    memcpy(w, &err, 4); memcpy(w + 4, &s->count, 4); w += 8;
+    for (uint32_t i = 0; i < s->count; i++) {
+        struct dirent64 *e = s->ents[i];
+        uint16_t nl = (uint16_t)s_len(e->d_name);
+        uint64_t ino = e->d_ino;
+        memcpy(w, &ino, 8); w[8] = e->d_type; memcpy(w + 9, &nl, 2); memcpy(w + 11, e->d_name, nl);
+        w += 11 + nl;
+    }
+    rec(t, CH_DIRENTS, OP_OPENDIR, buf, (uint32_t)total);
+    shim_unmap(buf, total);
+}
+
+static void drift_report(tls_t *t, const char *path) {
+    char line[1400];
+    char *p = line, *end = line + sizeof line - 2;
+    p = s_put(p, end, "drift\tproc="); p = s_put(p, end, g_proc);
+    p = s_put(p, end, "\tthread="); p = u_put(p, end, t->tindex);
+    p = s_put(p, end, "\tchannel=dirents\tpos="); p = u_put(p, end, t->st[CH_DIRENTS].pos - 1);
+    p = s_put(p, end, "\trecorded=listing\tasked=opendir(path=");
+    p = s_put(p, end, path);
+    p = s_put(p, end, ") lists different entries now\n");
+    append_report(line, (size_t)(p - line));
+}
+
+/* Replay: check path, serve the recorded listing, report a different live one as drift. */
+static DIR *listing_replay(tls_t *t, const char *path, DIR *live, int live_err) {
+    unsigned char args[2 + 1024];
+    uint16_t pl = (uint16_t)s_len(path);
+    if (pl > 1024) pl = 1024;
+    memcpy(args, &pl, 2); memcpy(args + 2, path, pl);
+    uint32_t n;
+    const unsigned char *p = serve(t, CH_DIRENTS, OP_OPENDIR, args, 2u + pl, &n);
+    if (!p) return (DIR *)-1; /* lenient: live */
+    const unsigned char *q = p + 2 + pl;
+    int32_t err; uint32_t count;
+    memcpy(&err, q, 4); memcpy(&count, q + 4, 4); q += 8;
+    if (err) {
+        if (live) real_closedir(live);
+        errno = err;
+        return NULL;
+    }
+    (void)live_err;
+    DIR *d = live ? live : real_opendir("/");
+    if (!d) { errno = EIO; return NULL; }
+    dslot_t *s = dslot_new(d);
+    if (!s) return d;
+    s->block = shim_map(DBLOCK, -1);
+    if (!s->block) { s->d = NULL; return d; }
+    s->cap = DBLOCK;
+    s->count = 0;
+    s->next = 0;
+    size_t used = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        uint64_t ino; uint16_t nl;
+        memcpy(&ino, q, 8); memcpy(&nl, q + 9, 2);
+        block_add(s, &used, ino, q[8], (const char *)q + 11, nl);
+        q += 11 + nl;
+    }
+    /* ents[] was filled back to front: reverse into recorded order */
+    for (uint32_t i = 0, j = s->count ? s->count - 1 : 0; i < j; i++, j--) {
+        struct dirent64 *x = s->ents[i]; s->ents[i] = s->ents[j]; s->ents[j] = x;
+    }
+    /* compare with the live listing (names and types) */
+    int drift = live == NULL;
+    if (live) {
+        dslot_t tmp = {0};
+        if (live_listing(&tmp, live)) {
+            if (tmp.count != s->count) drift = 1;
+            for (uint32_t i = 0; !drift && i < tmp.count; i++)
+                if (name_cmp(tmp.ents[i]->d_name, s->ents[i]->d_name)) drift = 1;
+            shim_unmap(tmp.block, tmp.cap);
+        }
+    }
+    if (drift) drift_report(t, path);
+    return d;
+}
+
+static DIR *dir_common(const char *path, DIR *live, int live_err) {
+    tls_t *t = me();
+    t->guard++;
+    DIR *out = live;
+    if (g_mode == MODE_REPLAY) {
+        out = listing_replay(t, path, live, live_err);
+        if (out == (DIR *)-1) {
+            out = live;
+            if (!live) errno = live_err;
+            else { dslot_t *s = dslot_new(live); if (s && !live_listing(s, live)) s->d = NULL; }
+        }
+    } else {
+        dslot_t tmp = {0};
+        dslot_t *s = live ? dslot_new(live) : &tmp;
+        if (s && live) {
+            s->next = 0;
+            if (!live_listing(s, live)) s->count = 0;
+        }
+        listing_record(t, s ? s : &tmp, path, live ? 0 : live_err);
+        if (!live) errno = live_err;
+    }
+    t->guard--;
+    return out;
+}
+
+EXPORT DIR *opendir(const char *path) {
+    RESOLVE(opendir); RESOLVE(readdir64); RESOLVE(closedir);
+    if (!ACTIVE()) return real_opendir(path);
+    DIR *d = real_opendir(path);
+    int err = d ? 0 : errno;
+    return dir_common(path, d, err);
+}
+
+EXPORT DIR *fdopendir(int fd) {
+    RESOLVE(fdopendir); RESOLVE(readdir64); RESOLVE(closedir); RESOLVE(opendir);
+    if (!ACTIVE()) return real_fdopendir(fd);
+    char link[64], path[1024];
+    char *p = s_put(link, link + 63, "/proc/self/fd/");
+    p = u_put(p, link + 63, (unsigned)fd);
+    *p = 0;
+    long n = RS4(SYS_readlinkat, AT_FDCWD, link, path, sizeof path - 1);
+    path[n > 0 ? n : 0] = 0;
+    DIR *d = real_fdopendir(fd);
+    int err = d ? 0 : errno;
+    return dir_common(path, d, err);
+}
+
+EXPORT struct dirent64 *readdir64(DIR *d) {
+    RESOLVE(readdir64);
+    if (g_mode) {
+        dslot_t *s = dslot_find(d);
+        if (s && s->block) {
+            if (s->next >= s->count) return NULL;
+            return s->ents[s->next++];
+        }
+    }
+    return real_readdir64(d);
+}
+
+EXPORT struct dirent *readdir(DIR *d) { return (struct dirent *)readdir64(d); }
+
+EXPORT void rewinddir(DIR *d) {
+    RESOLVE(rewinddir);
+    if (g_mode) {
+        dslot_t *s = dslot_find(d);
+        if (s && s->block) { s->next = 0; return; }
+    }
+    real_rewinddir(d);
+}
+
+EXPORT int closedir(DIR *d) {
+    RESOLVE(closedir);
+    if (g_mode) {
+        dslot_t *s = dslot_find(d);
+        if (s) {
+            if (s->block) shim_unmap(s->block, s->cap);
+            s->block = (unsigned char *)1; /* tombstone keeps probe chains intact */
+            s->d = NULL;
+            s->count = s->next = 0;
+        }
+    }
+    return real_closedir(d);
+}
+
+/* ------------------------------------------------------------------ threads */
+
+struct tramp { void *(*fn)(void *); void *arg; uint32_t idx; };
+
+static void *trampoline(void *p) {
+    struct tramp tr = *(struct tramp *)p;
+    free(p);
+    T.tindex = tr.idx;
+    T.init = 1;
+    pthread_setspecific(g_key, (void *)1);
+    return tr.fn(tr.arg);
+}
+
+EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
+    RESOLVE(pthread_create);
+    if (!g_mode) return real_pthread_create(th, attr, fn, arg);
+    struct tramp *tr = malloc(sizeof *tr);
+    if (!tr) return EAGAIN;
+    tr->fn = fn;
+    tr->arg = arg;
+    tr->idx = __atomic_fetch_add(&g_tnext, 1, __ATOMIC_RELAXED);
+    int r = real_pthread_create(th, attr, trampoline, tr);
+    if (r) free(tr);
+    return r;
+}
+
+/* ------------------------------------------------------------------ processes */
+
+static void child_path(char *out, size_t cap, uint32_t idx) {
+    char *p = s_put(out, out + cap - 1, g_proc);
+    p = s_put(p, out + cap - 1, ".");
+    p = u_put(p, out + cap - 1, idx);
+    *p = 0;
+}
+
+/* After fork: a new process path, thread 0, empty buffers, own connection, fresh streams. */
+static void after_fork_child(uint32_t idx) {
+    char np[256];
+    child_path(np, sizeof np, idx);
+    memcpy(g_proc, np, s_len(np) + 1);
+    g_proclen = (uint16_t)s_len(g_proc);
+    g_tnext = 1;
+    g_cnext = 0;
+    g_barrier_lock = 0;
+    g_dirs_lock = 0;
+    if (g_sock >= 0) RS1(SYS_close, g_sock);
+    g_sock = -1;
+    T.tindex = 0;
+    T.init = 1;
+    for (int i = 0; i < MAXT; i++) {
+        tbuf_t *b = g_slots[i];
+        if (!b) break;
+        b->len = 0;
+        b->lock = 0;
+        b->used = b == T.tb;
+        if (b == T.tb) b->tindex = 0;
+    }
+    for (int c = 0; c < NCH; c++) T.st[c].mapped = 0;
+}
+
+EXPORT pid_t fork(void) {
+    RESOLVE(fork);
+    if (!g_mode) return real_fork();
+    tls_t *t = me();
+    uint32_t idx = __atomic_add_fetch(&g_cnext, 1, __ATOMIC_RELAXED);
+    if (g_mode == MODE_RECORD && t->tb) { /* flush before fork: nothing is duplicated */
+        spin_lock(&t->tb->lock);
+        ship_buf(t->tb);
+        spin_unlock(&t->tb->lock);
+    }
+    pid_t pid = real_fork();
+    if (pid == 0) after_fork_child(idx);
+    return pid;
+}
+
+/* vfork shares the parent's memory, which would let the child overwrite the shim's
+ * state; a real fork is what a vfork+exec means anyway. */
+EXPORT pid_t vfork(void) { return fork(); }
+
+/* Build a child environment: the given one without STENO_*, plus the shim's variables. */
+static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uint32_t cnext,
+                        size_t *maplen) {
+    size_t count = 0, strbytes = 0;
+    const char *preload = NULL;
+    for (char *const *e = envp; e && *e; e++) {
+        count++;
+        if (starts(*e, "LD_PRELOAD=")) preload = *e + 11;
+    }
+    strbytes = 3 * 1024 + s_len(g_shim) * 2 + s_len(g_tape) + s_len(g_sockpath) +
+               (preload ? s_len(preload) : 0);
+    size_t len = (count + 12) * sizeof(char *) + strbytes;
+    char **out = shim_map(len, -1);
+    if (!out) return NULL;
+    *maplen = len;
+    char *sp = (char *)(out + count + 12), *end = (char *)out + len - 1;
+    size_t k = 0;
+    for (char *const *e = envp; e && *e; e++)
+        if (!starts(*e, "STENO_") && !starts(*e, "LD_PRELOAD=")) out[k++] = *e;
+#define ADD(...) do { char *s0 = sp; const char *parts[] = {__VA_ARGS__, NULL}; \
+        for (int i = 0; parts[i]; i++) sp = s_put(sp, end, parts[i]); \
+        *sp++ = 0; out[k++] = s0; } while (0)
+    int has = 0;
+    if (preload) {
+        const char *h = strstr(preload, g_shim);
+        has = h != NULL;
+    }
+    if (has) ADD("LD_PRELOAD=", preload);
+    else if (preload && *preload) ADD("LD_PRELOAD=", g_shim, ":", preload);
+    else ADD("LD_PRELOAD=", g_shim);
+    ADD("STENO_MODE=", g_mode == MODE_RECORD ? "record" : "replay");
+    if (g_mode == MODE_RECORD) ADD("STENO_SOCK=", g_sockpath);
+    else ADD("STENO_TAPE=", g_tape);
+    ADD("STENO_PROC=", proc);
+    char nb[48];
+    char *p = u_put(nb, nb + 47, tbase);
+    *p++ = ',';
+    p = u_put(p, nb + 47, cnext);
+    *p = 0;
+    ADD("STENO_NEXT=", nb);
+    ADD("STENO_SHIM=", g_shim);
+    if (g_lenient) ADD("STENO_LENIENT=1");
+#undef ADD
+    out[k] = NULL;
+    return out;
+}
+
+static void before_exec(void) {
+    if (g_mode != MODE_RECORD) return;
+    T.guard++;
+    flush_all();
+    barrier(MSG_BARRIER);
+    T.guard--;
+}
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
+    RESOLVE(execve);
+    if (!g_mode) return real_execve(path, argv, envp);
+    size_t ml = 0;
+    char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
+    before_exec();
+    int r = real_execve(path, argv, env ? env : envp);
+    int e = errno;
+    if (env) shim_unmap(env, ml);
+    errno = e;
+    return r;
+}
+
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
+    RESOLVE(execvpe);
+    if (!g_mode) return real_execvpe(file, argv, envp);
+    size_t ml = 0;
+    char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
+    before_exec();
+    int r = real_execvpe(file, argv, env ? env : envp);
+    int e = errno;
+    if (env) shim_unmap(env, ml);
+    errno = e;
+    return r;
+}
+
+EXPORT int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }
+EXPORT int execvp(const char *file, char *const argv[]) { return execvpe(file, argv, environ); }
+
+#define COLLECT_ARGS(first, envout) \
+    char *argv[4096]; size_t argc = 0; va_list ap; va_start(ap, first); \
+    argv[argc++] = (char *)(first); \
+    while (argc < 4095 && (argv[argc] = va_arg(ap, char *)) != NULL) argc++; \
+    argv[argc] = NULL; envout; va_end(ap)
+
+EXPORT int execl(const char *path, const char *arg, ...) {
+    COLLECT_ARGS(arg, (void)0);
+    return execve(path, argv, environ);
+}
+EXPORT int execlp(const char *file, const char *arg, ...) {
+    COLLECT_ARGS(arg, (void)0);
+    return execvpe(file, argv, environ);
+}
+EXPORT int execle(const char *path, const char *arg, ...) {
+    char **envp;
+    COLLECT_ARGS(arg, envp = va_arg(ap, char **));
+    return execve(path, argv, envp);
+}
+
+static int spawn_common(int p, pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                        const posix_spawnattr_t *at, char *const argv[], char *const envp[]) {
+    uint32_t idx = __atomic_add_fetch(&g_cnext, 1, __ATOMIC_RELAXED);
+    char cp[256];
+    child_path(cp, sizeof cp, idx);
+    size_t ml = 0;
+    char **env = build_env(envp, cp, 0, 0, &ml);
+    int r = p ? real_posix_spawnp(pid, path, fa, at, argv, env ? env : envp)
+              : real_posix_spawn(pid, path, fa, at, argv, env ? env : envp);
+    if (env) shim_unmap(env, ml);
+    return r;
+}
+
+EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                       const posix_spawnattr_t *at, char *const argv[], char *const envp[]) {
+    RESOLVE(posix_spawn);
+    if (!g_mode) return real_posix_spawn(pid, path, fa, at, argv, envp);
+    return spawn_common(0, pid, path, fa, at, argv, envp);
+}
+
+EXPORT int posix_spawnp(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                        const posix_spawnattr_t *at, char *const argv[], char *const envp[]) {
+    RESOLVE(posix_spawnp);
+    if (!g_mode) return real_posix_spawnp(pid, path, fa, at, argv, envp);
+    return spawn_common(1, pid, path, fa, at, argv, envp);
+}
+
+/* system() and popen() spawn through glibc-internal posix_spawn, which this library
+ * cannot see: give the child its path through a temporarily swapped environ. */
+EXPORT int system(const char *cmd) {
+    RESOLVE(system);
+    if (!g_mode || !cmd) return real_system(cmd);
+    uint32_t idx = __atomic_add_fetch(&g_cnext, 1, __ATOMIC_RELAXED);
+    char cp[256];
+    child_path(cp, sizeof cp, idx);
+    size_t ml = 0;
+    char **env = build_env(environ, cp, 0, 0, &ml);
+    char **saved = environ;
+    if (env) environ = env;
+    int r = real_system(cmd);
+    environ = saved;
+    if (env) shim_unmap(env, ml);
+    return r;
+}
+
+EXPORT FILE *popen(const char *cmd, const char *type) {
+    RESOLVE(popen);
+    if (!g_mode) return real_popen(cmd, type);
+    uint32_t idx = __atomic_add_fetch(&g_cnext, 1, __ATOMIC_RELAXED);
+    char cp[256];
+    child_path(cp, sizeof cp, idx);
+    size_t ml = 0;
+    char **env = build_env(environ, cp, 0, 0, &ml);
+    char **saved = environ;
+    if (env) environ = env;
+    FILE *f = real_popen(cmd, type);
+    environ = saved;
+    if (env) shim_unmap(env, ml);
+    return f;
+}
+
+EXPORT void _exit(int status) {
+    RESOLVE(_exit);
+    final_flush();
+    real__exit(status);
+}
+EXPORT void _Exit(int status) { _exit(status); }

@@ -1,0 +1,57 @@
+/* stenograph shim: wire constants shared by record and replay.
+ *
+ * The Python side (stenograph.recorder.tape) mirrors these numbers; docs/shim-protocol.md
+ * is the spec. Bump STENO_PROTOCOL when a layout below changes.
+ */
+#ifndef STENO_SHIM_H
+#define STENO_SHIM_H
+
+#define STENO_PROTOCOL 1
+
+/* message types (u16 after the "STP1" magic) */
+#define MSG_DATA 1
+#define MSG_BARRIER 2
+#define MSG_EXIT 3
+
+/* channels (u8) */
+#define CH_CLOCK 1
+#define CH_ENTROPY 2
+#define CH_DIRENTS 3
+#define CH_IDENTITY 4
+#define CH_WAIT 5
+#define NCH 6
+
+/* clock ops: payload  i32 arg | i32 rc | i64 a | i64 b   (args prefix: 4 bytes) */
+#define OP_CLOCK_GETTIME 1 /* arg clock id, a/b = sec/nsec */
+#define OP_GETTIMEOFDAY 2  /* a/b = sec/usec */
+#define OP_TIME 3          /* a = seconds */
+#define OP_TIMESPEC_GET 4  /* arg base, a/b = sec/nsec */
+#define OP_CLOCK 5         /* a = clock_t */
+
+/* entropy ops */
+#define OP_GETRANDOM 1   /* u32 size | u32 flags | i32 rc | u32 0 | bytes[rc] */
+#define OP_GETENTROPY 2  /* u32 size | i32 rc | bytes[size if rc==0] */
+#define OP_RANDOM_READ 3 /* u32 size | i32 rc | bytes[rc]   (read() on /dev/[u]random) */
+
+/* dirents ops */
+#define OP_OPENDIR 1 /* u16 pathlen | path | i32 errno | u32 count | count x (u64 ino | u8 type | u16 len | name) */
+
+/* identity ops: payload i32 value unless noted */
+#define OP_GETPID 1
+#define OP_GETPPID 2
+#define OP_GETTID 3
+#define OP_GETHOSTNAME 4 /* u32 size | i32 rc | u32 n | bytes[n] */
+#define OP_UNAME 5       /* i32 rc | struct utsname (390 bytes) */
+
+/* wait ops */
+#define OP_NANOSLEEP 1       /* i64 sec | i64 nsec | i32 rc | i32 0 | i64 rem sec | i64 rem nsec */
+#define OP_CLOCK_NANOSLEEP 2 /* i32 clock | i32 flags | i64 sec | i64 nsec | i32 rc | i32 0 | rem */
+#define OP_SLEEP 3           /* u32 seconds | u32 rc */
+#define OP_USLEEP 4          /* u32 usec | i32 rc */
+#define OP_POLL 5            /* i32 timeout_ms | u32 nfds | i32 timed_out */
+#define OP_SELECT 6          /* i32 nfds | i32 0 | i64 timeout_us | i32 timed_out */
+#define OP_EPOLL 7           /* i32 timeout_ms | i32 maxevents | i32 timed_out */
+
+#define DIVERGENCE_EXIT 86
+
+#endif

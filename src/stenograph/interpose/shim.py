@@ -1,0 +1,39 @@
+"""Where the built LD_PRELOAD shim lives, and what version it is.
+
+The shim is built by ``pip install .`` as the extension file of ``stenograph._shim``
+but is never imported (it has no Python API): programs load it with LD_PRELOAD.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+
+from stenograph.recorder.errors import BadInput
+
+PROTOCOL = 1
+"""Wire/tape protocol version; must match STENO_PROTOCOL in shim_c/steno_shim.h."""
+
+
+@lru_cache(maxsize=1)
+def shim_path() -> str:
+    """Absolute path of the shim's shared object (``BadInput`` if it was not built)."""
+    spec = importlib.util.find_spec("stenograph._shim")
+    if spec is not None and spec.origin and Path(spec.origin).is_file():
+        return str(Path(spec.origin).resolve())
+    pkg = Path(__file__).resolve().parent.parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        cand = pkg / f"_shim{suffix}"
+        if cand.is_file():
+            return str(cand)
+    raise BadInput("the C shim is not built; run `pip install .` (or -e .)", str(pkg))
+
+
+@lru_cache(maxsize=1)
+def shim_version() -> str:
+    """``protocol/sha256-prefix`` of the built library: pins the exact shim in a log."""
+    digest = hashlib.sha256(Path(shim_path()).read_bytes()).hexdigest()[:16]
+    return f"{PROTOCOL}/{digest}"
