@@ -1,0 +1,78 @@
+"""Install the Python-level hooks in a process started under the tape.
+
+Runs from ``sitecustomize`` (the launcher puts ``interpose/site`` first on
+``PYTHONPATH``), so user code needs no change. Client libraries are patched when
+they are imported (an import hook), not imported eagerly: a program that never
+uses requests does not pay for it, and import order stays the program's own.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+
+def _patch_httpx(mod: ModuleType) -> None:
+    from stenograph.interpose import http_httpx
+
+    http_httpx.install(mod)
+
+
+def _patch_requests(mod: ModuleType) -> None:
+    from stenograph.interpose import http_requests
+
+    http_requests.install(mod)
+
+
+PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "httpx": _patch_httpx,
+    "httpx2": _patch_httpx,
+    "requests.adapters": _patch_requests,
+}
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: Any, patch: Callable[[ModuleType], None]) -> None:
+        self.inner, self.patch = inner, patch
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.inner.exec_module(module)
+        self.patch(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class PatchFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps the real loader of the modules it patches."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        patch = PATCHES.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Loader(spec.loader, patch)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Patch what is already imported; patch the rest on import. Idempotent."""
+    if any(isinstance(f, PatchFinder) for f in sys.meta_path):
+        return
+    for name, patch in PATCHES.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+    sys.meta_path.insert(0, PatchFinder())

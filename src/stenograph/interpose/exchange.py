@@ -1,0 +1,51 @@
+"""What the HTTP hooks share: classifying a URL, describing a request, rebuilding errors."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from stenograph.interpose.fingerprint import fingerprint
+from stenograph.interpose.pytape import PyTape
+
+_MODEL_PATH = re.compile(r"/(chat/completions|completions|responses|messages)/?$")
+
+
+def _user_patterns() -> list[re.Pattern[str]]:
+    raw = os.environ.get("STENO_MODEL_URLS", "")
+    return [re.compile(p) for p in raw.split(",") if p.strip()]
+
+
+_USER = _user_patterns()
+
+
+def classify(url: str) -> str:
+    """``model`` for a known model endpoint (OpenAI/Anthropic style, or user patterns)."""
+    path = url.split("?", 1)[0]
+    if _MODEL_PATH.search(path) or any(p.search(url) for p in _USER):
+        return "model"
+    return "http"
+
+
+def describe(tape: PyTape, method: str, url: str, headers: list[tuple[str, str]],
+             body: bytes) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(request as recorded, request as matched, fingerprint), all redacted."""
+    rules = tape.rules
+    red_url = rules.url(url)
+    red_body = rules.body(body)
+    fp = fingerprint(method, red_url, red_body)
+    match = {"method": method.upper(), "url": red_url, "body": red_body}
+    if tape.mode != "record":
+        return {}, match, fp
+    recorded = {"method": method.upper(), "url": red_url,
+                "headers": rules.header_items(headers), "body": tape.spill(red_body)}
+    return recorded, match, fp
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)}
+
+
+def response_headers(tape: PyTape, items: list[tuple[str, str]]) -> list[list[str]]:
+    return tape.rules.header_items(items)

@@ -1,0 +1,246 @@
+"""This process's tape for the channels Python code reaches: ``http``, ``model``, ``tool``.
+
+The C shim tapes what libc sees; this module tapes what the Python-level hooks
+(HTTP transports, ``stenograph.model`` / ``stenograph.tool``) see. Every entry
+belongs to a stream (process path, channel) and has a position in it, assigned
+when the call *starts*, so concurrent calls get the positions of their start
+order.
+
+Record: each finished entry is sent to the recorder over a unix
+``SOCK_SEQPACKET`` socket (``STENO_PYSOCK``) as one msgpack message; the
+recorder appends it as an ``Exchange`` event and acknowledges once it is durable,
+so a call's result is in the log before the program acts on it. Bodies larger
+than ``SPILL`` bytes go to the store's blob directory first (content-addressed,
+atomic, safe beside the recorder), keeping messages small.
+
+Replay: the recorder writes ``STENO_TAPE/py/<proc>.msgpack``: for each channel,
+the recorded entries in position order. A call is served the entry at the head of
+its stream if the request fingerprint matches; a match a few entries later is
+taken too (concurrent calls may start in another order); anything else is a
+divergence, reported with a diff against the nearest candidate.
+
+While a hook works (its own I/O, and in record mode the real network call), it
+pauses the C shim's tape for this thread: in replay those calls do not happen at
+all, so they must not be on the tape either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import msgpack
+
+from stenograph.interpose.fingerprint import distance, request_diff
+from stenograph.interpose.redact import RedactionRules
+from stenograph.recorder.blobs import BlobRef, BlobStore
+
+SPILL = 32 << 10
+MATCH_WINDOW = 16
+DIVERGED_EXIT = 86
+
+
+class _ShimControl:
+    """Pause/resume the C shim's tape for this thread, if the shim is loaded."""
+
+    def __init__(self) -> None:
+        self._pause: Any = None
+        self._resume: Any = None
+        try:
+            me = ctypes.CDLL(None)
+            self._pause = me.steno_pause
+            self._resume = me.steno_resume
+        except (OSError, AttributeError):
+            pass
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        if self._pause is None:
+            yield
+            return
+        self._pause()
+        try:
+            yield
+        finally:
+            self._resume()
+
+
+class PyTape:
+    """The Python-level tape of this process (one per process; see ``current``)."""
+
+    def __init__(self, mode: str, proc: str, *, sock_path: str | None = None,
+                 tape_dir: str | None = None, store_dir: str | None = None,
+                 lenient: bool = False) -> None:
+        self.mode = mode
+        self.proc = proc
+        self.lenient = lenient
+        self.rules = RedactionRules.from_env()
+        self.shim = _ShimControl()
+        self._lock = threading.Lock()
+        self._next: dict[str, int] = {}
+        self._sock_path = sock_path
+        self._sock: socket.socket | None = None
+        self._blobs = BlobStore(Path(store_dir) / "blobs") if store_dir else None
+        self._tape_dir = Path(tape_dir) if tape_dir else None
+        self._streams: dict[str, list[dict[str, Any]]] = {}
+        self._used: dict[str, set[int]] = {}
+        if mode == "replay":
+            self._load()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    # -- common ---------------------------------------------------------------------
+
+    def begin(self, channel: str) -> int:
+        """Claim the next position of ``channel`` for a call that starts now."""
+        with self._lock:
+            pos = self._next.get(channel, 0)
+            self._next[channel] = pos + 1
+            return pos
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._sock = None
+        proc = _shim_proc()
+        if proc:
+            self.proc = proc
+        self._next = {}
+
+    # -- record -------------------------------------------------------------------------
+
+    def spill(self, data: bytes) -> bytes | dict[str, Any]:
+        """Keep small bodies inline; put large ones (scrubbed) in the blob store."""
+        data = self.rules.scrub(data)
+        if len(data) <= SPILL or self._blobs is None:
+            return data
+        return self._blobs.put(data).to_body()
+
+    def commit(self, channel: str, pos: int, entry: dict[str, Any]) -> None:
+        """Send a finished entry to the recorder; return once it is durable."""
+        entry = self.rules.scrub(entry)
+        msg = msgpack.packb({"proc": self.proc, "channel": channel, "pos": pos, **entry},
+                            use_bin_type=True)
+        with self._lock:
+            if self._sock is None:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.connect(self._sock_path or "")
+                self._sock = s
+            self._sock.sendall(msg)
+            ack = self._sock.recv(16)
+        if not ack:
+            raise RuntimeError("stenograph recorder closed the exchange socket")
+
+    # -- replay -------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        assert self._tape_dir is not None
+        path = self._tape_dir / "py" / f"{self.proc}.msgpack"
+        if path.exists():
+            self._streams = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+
+    def resolve(self, value: Any) -> bytes:
+        """Inline bytes, or the bytes of a blob reference (replay prepared them)."""
+        if isinstance(value, bytes):
+            return value
+        ref = BlobRef.from_body(value)
+        assert self._tape_dir is not None
+        return BlobStore(self._tape_dir / "blobs").get(ref)
+
+    def take(self, channel: str, pos: int, request: dict[str, Any], fp: str) -> dict[str, Any]:
+        """The recorded entry that answers ``request`` (or a divergence)."""
+        stream = self._streams.get(channel, [])
+        with self._lock:
+            used = self._used.setdefault(channel, set())
+            free = [i for i in range(len(stream)) if i not in used][:MATCH_WINDOW]
+            for i in free:
+                if stream[i].get("fingerprint") == fp:
+                    used.add(i)
+                    return stream[i]
+        nearest = None
+        if free:
+            nearest = min(free, key=lambda i: distance(self._req_of(stream[i]), request))
+        lines = [f"{channel} call #{pos} in process {self.proc}: "
+                 + ("no recorded call left" if nearest is None else "request differs")]
+        lines.append(f"asked:    {request['method']} {request['url']}")
+        if nearest is not None:
+            rec = self._req_of(stream[nearest])
+            lines.append(f"nearest recorded (#{stream[nearest]['pos']}): "
+                         f"{rec['method']} {rec['url']}")
+            lines.extend("  " + d for d in request_diff(rec, request))
+        self.diverge(channel, pos, lines)
+        if nearest is None:
+            raise ReplayExhausted("\n".join(lines))
+        with self._lock:
+            self._used[channel].add(nearest)
+        return stream[nearest]
+
+    def _req_of(self, entry: dict[str, Any]) -> dict[str, Any]:
+        req = entry["request"]
+        return {"method": req["method"], "url": req["url"], "body": self.resolve(req["body"])}
+
+    def diverge(self, channel: str, pos: int, lines: list[str]) -> None:
+        """Report a divergence; in strict mode stop the process (exit 86)."""
+        record = {"proc": self.proc, "channel": channel, "position": pos,
+                  "lenient": self.lenient, "report": lines}
+        if self._tape_dir is not None:
+            fd = os.open(self._tape_dir / "divergence-py.jsonl",
+                         os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, (json.dumps(record) + "\n").encode())
+            finally:
+                os.close(fd)
+        if not self.lenient:
+            _stop("\n".join(lines))
+
+
+class ReplayExhausted(ConnectionError):
+    """Lenient replay asked for a call the recording does not have."""
+
+
+def _stop(message: str) -> NoReturn:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"stenograph: replay diverged: {message}\n")
+        sys.stderr.flush()
+    os._exit(DIVERGED_EXIT)
+
+
+def _shim_proc() -> str | None:
+    """The process path the shim assigned (it follows forks), else the environment's."""
+    try:
+        fn = ctypes.CDLL(None).steno_proc_path
+        fn.restype = ctypes.c_char_p
+        value = fn()
+        if value:
+            return bytes(value).decode()
+    except (OSError, AttributeError):
+        pass
+    return os.environ.get("STENO_PROC")
+
+
+_current: PyTape | None = None
+
+
+def current() -> PyTape | None:
+    """The tape of this process, created from the environment on first use."""
+    global _current
+    if _current is None:
+        mode = os.environ.get("STENO_MODE", "")
+        if mode not in ("record", "replay"):
+            return None
+        _current = PyTape(
+            mode, _shim_proc() or "0",
+            sock_path=os.environ.get("STENO_PYSOCK"),
+            tape_dir=os.environ.get("STENO_TAPE"),
+            store_dir=os.environ.get("STENO_STORE"),
+            lenient=os.environ.get("STENO_LENIENT") == "1",
+        )
+    return _current
