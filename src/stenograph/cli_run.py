@@ -1,0 +1,230 @@
+"""``stenograph record`` and ``stenograph replay``: run a program under the process tape.
+
+record: RunStarted (argv, cwd, an environment whitelist, shim and stenograph versions),
+then the shim's TapeChunks as the program runs (durable at every barrier: exec, exit),
+then RunEnded (exit status, sha256 of stdout and stderr); the trajectory is exported to
+a ``.steno`` file.
+
+replay: prepares the tape from the file, re-runs the recorded command (or the one given)
+with the shim serving every recorded value, and reports either the divergences the shim
+found (exit 1) or whether stdout, stderr and the exit status were bit-identical (exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from stenograph import __version__
+from stenograph.interpose.launch import RunResult, run_under_shim
+from stenograph.interpose.shim import shim_path, shim_version
+from stenograph.recorder.codec import Event
+from stenograph.recorder.errors import BadInput, CorruptLog, ReplayDiverged
+from stenograph.recorder.store import Store
+from stenograph.recorder.tape import (
+    RecordSession,
+    describe,
+    prepare_tape,
+    read_divergences,
+    stream_records,
+)
+
+ENV_WHITELIST = (
+    "PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_COLLATE", "LC_TIME",
+    "LC_NUMERIC", "TZ", "USER", "LOGNAME", "SHELL", "TERM", "PYTHONPATH", "PYTHONHASHSEED",
+    "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONUTF8", "VIRTUAL_ENV", "TMPDIR",
+)
+"""Recorded with the run and restored at replay: they change what a program prints."""
+
+
+def _exit_code(status: int) -> int:
+    return 128 - status if status < 0 else status
+
+
+def _base_env(overrides: dict[str, str | None] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("STENO_") and k != "LD_PRELOAD"}
+    for k, v in (overrides or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def _shim_env(env: dict[str, str], mode: str, **extra: str) -> dict[str, str]:
+    so = shim_path()
+    env = dict(env)
+    env["LD_PRELOAD"] = so
+    env["STENO_MODE"] = mode
+    env["STENO_PROC"] = "0"
+    env["STENO_SHIM"] = so
+    env.update(extra)
+    return env
+
+
+@click.command("record")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Trajectory file to write (default: <trajectory id>.steno).")
+@click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
+              help="Store directory to record into (default: a temporary one).")
+@click.option("--traj", default=None, help="Trajectory id (default: run-<time>-<pid>).")
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def record(output: str | None, store_dir: str | None, traj: str | None,
+           cmd: tuple[str, ...]) -> None:
+    """Run CMD under the tape and record everything it reads from the world."""
+    argv = list(cmd)
+    traj = traj or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    tmp = tempfile.mkdtemp(prefix="steno-rec-")
+    try:
+        store_path = Path(store_dir) if store_dir else Path(tmp) / "store"
+        env = _base_env()
+        with Store(store_path) as store:
+            store.append(traj, "RunStarted", {
+                "argv": argv,
+                "cwd": os.getcwd(),
+                "env": {k: os.environ[k] for k in ENV_WHITELIST if k in os.environ},
+                "shim": shim_version(),
+                "stenograph": __version__,
+                "started": time.time(),
+            })
+            session = RecordSession(store, traj, Path(tmp) / "tape.sock")
+            try:
+                result = run_under_shim(argv, _shim_env(env, "record",
+                                                        STENO_SOCK=session.sock_path))
+            finally:
+                stats = session.close()
+            store.append(traj, "RunEnded", {
+                "status": result.status,
+                "stdout_sha256": result.stdout_sha256,
+                "stderr_sha256": result.stderr_sha256,
+                "chunks": stats.chunks,
+                "processes": sorted(stats.procs),
+                "errors": stats.errors[:20],
+            })
+        out = Path(output) if output else Path(f"{traj}.steno")
+        from stenograph.recorder.trajfile import export_trajectory
+
+        export_trajectory(store_path, traj, out)
+        click.echo(
+            f"stenograph: recorded {traj}: exit {result.status}, {stats.chunks} tape chunks "
+            f"from {len(stats.procs)} process(es) -> {out}", err=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sys.exit(_exit_code(result.status))
+
+
+def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event]]:
+    from stenograph.recorder.trajfile import read_trajectory
+
+    tf = read_trajectory(path)
+    started = next((e.body for e in tf.events if e.kind == "RunStarted"), None)
+    ended = next((e.body for e in tf.events if e.kind == "RunEnded"), None)
+    if started is None:
+        raise BadInput("not a recorded run (no RunStarted event)", path)
+    if ended is None:
+        raise CorruptLog("recorded run has no RunEnded event (recorder killed?)", path, 0)
+    if not isinstance(started.get("argv"), list) or not started["argv"]:
+        raise CorruptLog("RunStarted has no argv", path, 0)
+    return started, ended, tf.events
+
+
+@click.command("replay")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--lenient", is_flag=True, help="Serve live values past a divergence; list all.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (program output "
+              "is not passed through).")
+@click.option("--allow-network", is_flag=True, help="Let the replay open AF_INET sockets.")
+@click.option("--keep-tape", type=click.Path(file_okay=False), default=None,
+              help="Prepare the tape in this directory and keep it.")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+def replay(file: str, lenient: bool, as_json: bool, allow_network: bool,
+           keep_tape: str | None, cmd: tuple[str, ...]) -> None:
+    """Re-run a recorded command, serving every recorded clock, byte and listing."""
+    started, ended, events = _load(file)
+    argv = list(cmd) or [str(a) for a in started["argv"]]
+    tape = Path(keep_tape) if keep_tape else Path(tempfile.mkdtemp(prefix="steno-tape-"))
+    try:
+        if keep_tape:
+            tape.mkdir(parents=True, exist_ok=True)
+            (tape / "divergence").unlink(missing_ok=True)
+        prepare_tape(events, tape)
+        rec_env = started.get("env") or {}
+        overrides: dict[str, str | None] = {k: None for k in ENV_WHITELIST}
+        overrides.update({str(k): str(v) for k, v in rec_env.items()})
+        extra = {"STENO_TAPE": str(tape)}
+        if lenient:
+            extra["STENO_LENIENT"] = "1"
+        if not allow_network:
+            extra["STENO_NONET"] = "1"
+        cwd = started.get("cwd")
+        if not isinstance(cwd, str) or not os.path.isdir(cwd):
+            cwd = None
+        result = run_under_shim(argv, _shim_env(_base_env(overrides), "replay", **extra),
+                                cwd=cwd, passthrough=not as_json)
+        report = _report(file, tape, started, ended, result, argv)
+    finally:
+        if not keep_tape:
+            shutil.rmtree(tape, ignore_errors=True)
+    _print_report(report, as_json)
+    if report["divergences"]:
+        if not as_json:
+            raise ReplayDiverged(f"replay diverged ({len(report['divergences'])} divergence(s))",
+                                 file)
+        sys.exit(ReplayDiverged.exit_code)
+
+
+def _report(file: str, tape: Path, started: dict[str, Any], ended: dict[str, Any],
+            result: RunResult, argv: list[str]) -> dict[str, Any]:
+    found = read_divergences(tape)
+    divs, drift = [], []
+    for d in found:
+        entry = d.to_json()
+        if d.kind == "divergence":
+            before = stream_records(tape, d.proc, d.thread, d.channel)[max(0, d.pos - 5):d.pos]
+            entry["before"] = [describe(ch, op, p) for ch, op, p in before]
+            divs.append(entry)
+        else:
+            drift.append(entry)
+    return {
+        "file": file,
+        "argv": argv,
+        "divergences": divs,
+        "drift": drift,
+        "exit_status": {"recorded": ended.get("status"), "replayed": result.status},
+        "identical": {
+            "stdout": result.stdout_sha256 == ended.get("stdout_sha256"),
+            "stderr": result.stderr_sha256 == ended.get("stderr_sha256"),
+            "exit_status": result.status == ended.get("status"),
+        },
+    }
+
+
+def _print_report(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(report, indent=None, sort_keys=True))
+        return
+    err = True
+    for d in report["drift"]:
+        click.echo(f"stenograph: drift: process {d['proc']} thread {d['thread']} "
+                   f"{d['channel']}#{d['position']}: {d['asked']}", err=err)
+    for d in report["divergences"]:
+        click.echo(f"stenograph: divergence: process {d['proc']} thread {d['thread']} "
+                   f"channel {d['channel']} position {d['position']}", err=err)
+        click.echo(f"  recorded: {d['recorded']}", err=err)
+        click.echo(f"  asked:    {d['asked']}", err=err)
+        for line in d.get("before", []):
+            click.echo(f"  before:   {line}", err=err)
+    if not report["divergences"]:
+        same = report["identical"]
+        verdict = "bit-identical" if all(same.values()) else "DIFFERENT"
+        parts = ", ".join(f"{k} {'identical' if v else 'differs'}" for k, v in same.items())
+        click.echo(f"stenograph: replay {verdict}: {parts}", err=err)

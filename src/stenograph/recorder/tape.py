@@ -1,0 +1,300 @@
+"""The process tape: the recorder end of the C shim's protocol (docs/shim-protocol.md).
+
+Record: a ``RecordSession`` listens on a unix SOCK_SEQPACKET socket. Every process of
+the recorded tree connects; each message is one thread's batch of raw records. A data
+message becomes one ``TapeChunk`` event ``{"proc", "thread", "data"}`` appended without
+waiting for a sync (a start-up alone makes ~1000 clock reads); a barrier or exit
+message flushes the store and is then acknowledged with one byte, so whatever the shim
+sent before it is durable by the time the process goes on (exec, exit).
+
+Replay: ``prepare_tape`` splits the chunks of a trajectory back into per-stream files
+``TAPE/<proc>/<thread>.<channel>`` -- the concatenated records of that stream, in log
+order -- which the shim maps and serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import struct
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stenograph.recorder.codec import Event
+from stenograph.recorder.errors import CorruptLog
+
+MAGIC = b"STP1"
+MSG_DATA, MSG_BARRIER, MSG_EXIT = 1, 2, 3
+HEADER = struct.Struct("<4sHHIH")
+RECORD = struct.Struct("<BBHI")
+CHANNELS = {1: "clock", 2: "entropy", 3: "dirents", 4: "identity", 5: "wait"}
+CHANNEL_IDS = {v: k for k, v in CHANNELS.items()}
+DIVERGENCE_EXIT = 86
+MAX_MESSAGE = 8 << 20
+
+_PROC_RE = re.compile(r"0(\.[1-9][0-9]{0,8}){0,64}")
+
+OP_NAMES = {
+    (1, 1): "clock_gettime", (1, 2): "gettimeofday", (1, 3): "time", (1, 4): "timespec_get",
+    (1, 5): "clock", (2, 1): "getrandom", (2, 2): "getentropy", (2, 3): "read(/dev/urandom)",
+    (3, 1): "opendir", (4, 1): "getpid", (4, 2): "getppid", (4, 3): "gettid",
+    (4, 4): "gethostname", (4, 5): "uname", (5, 1): "nanosleep", (5, 2): "clock_nanosleep",
+    (5, 3): "sleep", (5, 4): "usleep", (5, 5): "poll", (5, 6): "select", (5, 7): "epoll_wait",
+}
+
+
+def check_proc(proc: str) -> str:
+    """A process path is ``0`` followed by ``.N`` parts; anything else could escape TAPE/."""
+    if not isinstance(proc, str) or not _PROC_RE.fullmatch(proc):
+        raise CorruptLog(f"bad process path {proc!r} in a tape chunk", "tape", 0)
+    return proc
+
+
+def iter_records(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(channel, op, payload) of every record in a chunk; ``ValueError`` if truncated."""
+    off, end = 0, len(data)
+    while off < end:
+        if off + RECORD.size > end:
+            raise ValueError(f"truncated record header at byte {off}")
+        ch, op, _flags, n = RECORD.unpack_from(data, off)
+        off += RECORD.size
+        if off + n > end:
+            raise ValueError(f"record at byte {off - RECORD.size} runs past the chunk")
+        yield ch, op, data[off:off + n]
+        off += n
+
+
+def describe(ch: int, op: int, payload: bytes) -> str:
+    """A human line for one record (for divergence reports: "the last events before it")."""
+    name = OP_NAMES.get((ch, op), f"op{op}")
+    try:
+        if ch == 1:
+            arg, rc, a, b = struct.unpack_from("<iiqq", payload)
+            args = f"clock={arg}" if op == 1 else (f"base={arg}" if op == 4 else "")
+            val = f"{a}.{b:09d}" if op in (1, 4) else (f"{a}.{b:06d}" if op == 2 else f"{a}")
+            return f"{name}({args}) -> {val}" + (f" rc={rc}" if rc and op != 4 else "")
+        if ch == 2:
+            size = struct.unpack_from("<I", payload)[0]
+            body = payload[16:] if op == 1 else payload[8:]
+            return f"{name}(size={size}) -> {body[:16].hex()}{'...' if len(body) > 16 else ''}"
+        if ch == 3:
+            (pl,) = struct.unpack_from("<H", payload)
+            path = payload[2:2 + pl].decode(errors="replace")
+            err, count = struct.unpack_from("<iI", payload, 2 + pl)
+            return f"{name}(path={path}) -> " + (f"errno {err}" if err else f"{count} entries")
+        if ch == 4:
+            if op in (1, 2, 3):
+                return f"{name}() -> {struct.unpack_from('<i', payload)[0]}"
+            if op == 4:
+                k = struct.unpack_from("<I", payload, 8)[0]
+                host = payload[12:12 + k].rstrip(b"\0").decode(errors="replace")
+                return f"{name}() -> {host}"
+            return f"{name}()"
+        if ch == 5:
+            return f"{name}({payload[:24].hex()})"
+    except struct.error:
+        pass
+    return f"{name}(<{len(payload)} bytes>)"
+
+
+# ----------------------------------------------------------------------------- record
+
+
+@dataclass
+class SessionStats:
+    chunks: int = 0
+    bytes: int = 0
+    barriers: int = 0
+    procs: set[str] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+
+
+class RecordSession:
+    """Accept shim connections and append their batches to ``store`` as ``traj``."""
+
+    def __init__(self, store: Any, traj: str, sock_path: str | Path) -> None:
+        self.store = store
+        self.traj = traj
+        self.sock_path = str(sock_path)
+        self.stats = SessionStats()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._open_conns = 0
+        self._idle = threading.Condition(self._lock)
+        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._srv.bind(self.sock_path)
+        self._srv.listen(128)
+        self._closing = False
+        self._acceptor = threading.Thread(target=self._accept, name="steno-accept", daemon=True)
+        self._acceptor.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._open_conns += 1
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            while True:
+                try:
+                    msg = conn.recv(MAX_MESSAGE)
+                except OSError:
+                    return
+                if not msg:
+                    return
+                try:
+                    self._handle(conn, msg)
+                except Exception as exc:  # a bad message is reported, not fatal to others
+                    with self._lock:
+                        self.stats.errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            conn.close()
+            with self._lock:
+                self._open_conns -= 1
+                self._idle.notify_all()
+
+    def _handle(self, conn: socket.socket, msg: bytes) -> None:
+        if len(msg) < HEADER.size:
+            raise ValueError(f"short message ({len(msg)} bytes)")
+        magic, mtype, _zero, thread, plen = HEADER.unpack_from(msg)
+        if magic != MAGIC:
+            raise ValueError(f"bad magic {magic!r}")
+        proc = msg[HEADER.size:HEADER.size + plen].decode()
+        check_proc(proc)
+        body = msg[HEADER.size + plen:]
+        if mtype == MSG_DATA:
+            if body:
+                self.store.append(self.traj, "TapeChunk",
+                                  {"proc": proc, "thread": thread, "data": body}, durable=False)
+                with self._lock:
+                    self.stats.chunks += 1
+                    self.stats.bytes += len(body)
+                    self.stats.procs.add(proc)
+        elif mtype in (MSG_BARRIER, MSG_EXIT):
+            self.store.flush()
+            with self._lock:
+                self.stats.barriers += 1
+                self.stats.procs.add(proc)
+            conn.send(b"\x01")
+        else:
+            raise ValueError(f"unknown message type {mtype}")
+
+    def close(self, *, grace: float = 2.0) -> SessionStats:
+        """Stop accepting; wait up to ``grace`` seconds for open connections to end."""
+        with self._lock:
+            self._idle.wait_for(lambda: self._open_conns == 0, timeout=grace)
+        self._srv.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.sock_path)
+        for t in list(self._threads):
+            t.join(timeout=0.5)
+        self.store.flush()
+        return self.stats
+
+
+# ----------------------------------------------------------------------------- replay
+
+
+@dataclass
+class TapeSummary:
+    streams: int = 0
+    records: int = 0
+    procs: list[str] = field(default_factory=list)
+
+
+def stream_name(thread: int, channel: int) -> str:
+    return f"{thread}.{CHANNELS[channel]}"
+
+
+def prepare_tape(events: Iterable[Event], tape_dir: str | Path) -> TapeSummary:
+    """Write ``tape_dir/<proc>/<thread>.<channel>`` from the ``TapeChunk`` events."""
+    root = Path(tape_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    streams: dict[tuple[str, int, int], list[bytes]] = {}
+    summary = TapeSummary()
+    for ev in events:
+        if ev.kind != "TapeChunk":
+            continue
+        body = ev.body
+        proc, thread, data = body.get("proc"), body.get("thread"), body.get("data")
+        if not isinstance(thread, int) or not isinstance(data, bytes) or thread < 0:
+            raise CorruptLog("TapeChunk without proc/thread/data", f"lsn {ev.lsn}", ev.seq)
+        check_proc(proc)  # type: ignore[arg-type]
+        off = 0
+        try:
+            for ch, _op, payload in iter_records(data):
+                if ch not in CHANNELS:
+                    raise ValueError(f"unknown channel {ch}")
+                n = RECORD.size + len(payload)
+                streams.setdefault((proc, thread, ch), []).append(data[off:off + n])  # type: ignore[arg-type]
+                off += n
+                summary.records += 1
+        except ValueError as exc:
+            raise CorruptLog(f"bad tape chunk: {exc}", f"lsn {ev.lsn}", ev.seq) from None
+    procs: set[str] = set()
+    for (proc, thread, ch), parts in streams.items():
+        d = root / proc
+        d.mkdir(exist_ok=True)
+        (d / stream_name(thread, ch)).write_bytes(b"".join(parts))
+        procs.add(proc)
+    summary.streams = len(streams)
+    summary.procs = sorted(procs, key=lambda p: [int(x) for x in p.split(".")])
+    return summary
+
+
+def stream_records(tape_dir: str | Path, proc: str, thread: int,
+                   channel: str) -> list[tuple[int, int, bytes]]:
+    """The records of one prepared stream (empty if it has none)."""
+    path = Path(tape_dir) / check_proc(proc) / f"{thread}.{channel}"
+    if not path.is_file():
+        return []
+    return list(iter_records(path.read_bytes()))
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One line of ``TAPE/divergence`` written by the shim."""
+
+    kind: str  # "divergence" or "drift"
+    proc: str
+    thread: int
+    channel: str
+    pos: int
+    recorded: str
+    asked: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "proc": self.proc, "thread": self.thread,
+                "channel": self.channel, "position": self.pos,
+                "recorded": self.recorded, "asked": self.asked}
+
+
+def read_divergences(tape_dir: str | Path) -> list[Divergence]:
+    path = Path(tape_dir) / "divergence"
+    if not path.is_file():
+        return []
+    out: list[Divergence] = []
+    for line in path.read_text(errors="replace").splitlines():
+        kind, *fields = line.split("\t")
+        kv = dict(f.split("=", 1) for f in fields if "=" in f)
+        try:
+            out.append(Divergence(kind, kv.get("proc", "?"), int(kv.get("thread", -1)),
+                                  kv.get("channel", "?"), int(kv.get("pos", -1)),
+                                  kv.get("recorded", "?"), kv.get("asked", "?")))
+        except ValueError:
+            continue
+    return out
