@@ -102,6 +102,14 @@ PROGRAM = textwrap.dedent("""
     print("requests", s.get(base + "/flaky", headers=hdr).status_code,
           s.get(base + "/flaky", headers=hdr).json())
     print("requests-post", s.post(base + "/echo", data=b"raw-bytes").json())
+    import aiohttp
+    async def aio():
+        async with aiohttp.ClientSession(headers=hdr) as sess:
+            async with sess.post(base + "/aio", json={"q": prompt}) as r:
+                print("aiohttp", r.status, await r.json())
+            async with sess.get(base + "/sse") as r:
+                print("aiohttp-sse", (await r.read()).count(b"data:"))
+    asyncio.run(aio())
 """).replace("SECRET", SECRET)
 
 
@@ -137,9 +145,9 @@ def test_record_then_replay_offline_is_identical(tmp_path: Path, server: str) ->
     rec, store_dir = _record(tmp_path, server)
     assert rec.returncode == 0, rec.stderr
     hits = len(_Handler.hits)
-    assert hits == 7  # flaky is asked twice
+    assert hits == 9  # flaky is asked twice
     kinds = [e.body["channel"] for e in StoreReader(store_dir).events(traj="run")]
-    assert kinds.count("model") == 2 and kinds.count("http") == 5
+    assert kinds.count("model") == 2 and kinds.count("http") == 7
     rep = _replay(tmp_path, store_dir, server)
     assert rep.returncode == 0, rep.stderr
     assert rep.stdout == rec.stdout
@@ -182,4 +190,4 @@ def test_lenient_replay_lists_divergences_and_goes_on(tmp_path: Path, server: st
     rep = _replay(tmp_path, store_dir, server, "other", lenient=True)
     assert rep.returncode == 0, rep.stderr
     report = (tmp_path / "tape" / "divergence-py.jsonl").read_text().splitlines()
-    assert len(report) == 2  # the two calls whose body carries the prompt
+    assert len(report) == 3  # the three calls whose body carries the prompt

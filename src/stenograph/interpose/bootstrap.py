@@ -28,10 +28,17 @@ def _patch_requests(mod: ModuleType) -> None:
     http_requests.install(mod)
 
 
+def _patch_aiohttp(mod: ModuleType) -> None:
+    from stenograph.interpose import http_aiohttp
+
+    http_aiohttp.install(mod)
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "httpx": _patch_httpx,
     "httpx2": _patch_httpx,
     "requests.adapters": _patch_requests,
+    "aiohttp.client": _patch_aiohttp,
 }
 
 
