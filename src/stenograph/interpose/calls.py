@@ -1,0 +1,188 @@
+"""``stenograph.model(fn)`` and ``@stenograph.tool``: the tape for code that does not speak HTTP.
+
+A wrapped callable's calls land on the ``model`` or ``tool`` channel with a call
+id, its arguments (for matching) and its result (a msgpack value; large bytes go
+to the blob store) or the exception it raised. Replay returns the recorded result,
+or raises the recorded exception, without calling the function. Outside
+``stenograph record`` / ``replay`` the wrapper calls straight through.
+
+The real call runs with the C shim's tape paused, in record mode: replay will not
+run it, so what it reads (clocks, entropy) must not be on the program's tape.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import inspect
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from stenograph.interpose.exchange import error_body
+from stenograph.interpose.fingerprint import fingerprint
+from stenograph.interpose.pytape import PyTape, ReplayExhausted, current
+from stenograph.recorder.blobs import BlobRef
+from stenograph.recorder.codec import jsonable
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class RecordedCallError(Exception):
+    """Replay of a call that raised an exception type it cannot rebuild."""
+
+    def __init__(self, type_name: str, module: str, message: str) -> None:
+        super().__init__(f"{module}.{type_name}: {message}")
+        self.type_name, self.module, self.message = type_name, module, message
+
+
+class UnrecordableResult(TypeError):
+    """A wrapped call returned something the log cannot hold exactly."""
+
+
+def _args_json(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    doc = {"args": jsonable(list(args)), "kwargs": jsonable(kwargs)}
+    return json.dumps(doc, sort_keys=True, default=repr, ensure_ascii=False).encode()
+
+
+def _check_value(value: Any, where: str) -> None:
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _check_value(v, where)
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, (str, int)):
+                raise UnrecordableResult(f"{where}: map key {k!r} is not a str or int")
+            _check_value(v, where)
+        return
+    raise UnrecordableResult(
+        f"{where} returned a {type(value).__name__}; return msgpack values (None, bool, int, "
+        "float, str, bytes, list, dict) so replay can hand back exactly the same thing")
+
+
+def _spill(tape: PyTape, value: Any) -> Any:
+    if isinstance(value, bytes):
+        return tape.spill(value)
+    if isinstance(value, (list, tuple)):
+        return [_spill(tape, v) for v in value]
+    if isinstance(value, dict):
+        if "$blob" in value:
+            raise UnrecordableResult("a result may not contain a '$blob' key")
+        return {k: _spill(tape, v) for k, v in value.items()}
+    return value
+
+
+def _unspill(tape: PyTape, value: Any) -> Any:
+    if isinstance(value, dict):
+        if "$blob" in value and len(value) == 2:
+            return tape.resolve(BlobRef.from_body(value).to_body())
+        return {k: _unspill(tape, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unspill(tape, v) for v in value]
+    return value
+
+
+def _rebuild(err: dict[str, Any]) -> BaseException:
+    cls = getattr(builtins, err["type"], None) if err.get("module") == "builtins" else None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        return cls(err["message"])
+    return RecordedCallError(err["type"], err.get("module", "?"), err["message"])
+
+
+class _Call:
+    """One call's bookkeeping, shared by the sync and async wrappers."""
+
+    def __init__(self, tape: PyTape, channel: str, name: str, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+        self.tape, self.channel, self.name = tape, channel, name
+        self.pos = tape.begin(channel)
+        self.call_id = f"{name}#{self.pos}"
+        body = _args_json(args, kwargs)
+        self.request = {"method": "CALL", "url": f"{channel}:{name}", "body": body}
+        self.fp = fingerprint("CALL", self.request["url"], body)
+
+    def replayed(self) -> Any:
+        try:
+            entry = self.tape.take(self.channel, self.pos, self.request, self.fp)
+        except ReplayExhausted as exc:
+            raise RecordedCallError("ReplayExhausted", "stenograph", str(exc)) from None
+        if entry.get("error"):
+            raise _rebuild(entry["error"])
+        return _unspill(self.tape, entry.get("result"))
+
+    def recorded(self, result: Any = None, error: BaseException | None = None) -> None:
+        if error is None:
+            _check_value(result, f"{self.channel} {self.name!r}")
+        self.tape.commit(self.channel, self.pos, {
+            "fingerprint": self.fp, "call_id": self.call_id,
+            "request": {**self.request, "headers": [],
+                        "body": self.tape.spill(self.request["body"])},
+            "result": None if error is not None else _spill(self.tape, result),
+            "error": None if error is None else error_body(error),
+        })
+
+
+def _wrap(fn: F, channel: str, name: str | None) -> F:
+    label = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "call"))
+
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def awrapper(*args: Any, **kwargs: Any) -> Any:
+            tape = current()
+            if tape is None:
+                return await fn(*args, **kwargs)
+            with tape.shim.paused():
+                call = _Call(tape, channel, label, args, kwargs)
+                if tape.mode == "replay":
+                    return call.replayed()
+                try:
+                    result = await fn(*args, **kwargs)
+                except Exception as exc:
+                    call.recorded(error=exc)
+                    raise
+                call.recorded(result)
+                return result
+        return awrapper  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        tape = current()
+        if tape is None:
+            return fn(*args, **kwargs)
+        with tape.shim.paused():
+            call = _Call(tape, channel, label, args, kwargs)
+            if tape.mode == "replay":
+                return call.replayed()
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                call.recorded(error=exc)
+                raise
+            call.recorded(result)
+            return result
+    return wrapper  # type: ignore[return-value]
+
+
+@overload
+def model(fn: F, *, name: str | None = None) -> F: ...
+@overload
+def model(fn: None = None, *, name: str | None = None) -> Callable[[F], F]: ...
+def model(fn: F | None = None, *, name: str | None = None) -> F | Callable[[F], F]:
+    """Put a model-calling function on the ``model`` channel: ``chat = stenograph.model(chat)``."""
+    if fn is None:
+        return lambda f: _wrap(f, "model", name)
+    return _wrap(fn, "model", name)
+
+
+@overload
+def tool(fn: F, *, name: str | None = None) -> F: ...
+@overload
+def tool(fn: None = None, *, name: str | None = None) -> Callable[[F], F]: ...
+def tool(fn: F | None = None, *, name: str | None = None) -> F | Callable[[F], F]:
+    """Put a tool on the ``tool`` channel: ``@stenograph.tool`` or ``@tool(name=...)``."""
+    if fn is None:
+        return lambda f: _wrap(f, "tool", name)
+    return _wrap(fn, "tool", name)
