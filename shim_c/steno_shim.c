@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -665,6 +666,12 @@ static void thread_key_done(void *unused) {
 
 typedef struct { int32_t arg; int32_t rc; int64_t a; int64_t b; } clockrec_t;
 
+/* Last value served per clock id (replay). Absolute deadlines a program computes from
+ * served clocks are in the recording's time; waits that libc times against the real
+ * clock (condition variables, semaphores) get them translated, or they would expire at
+ * once (or never) and change how often the program reads its clocks. */
+static int64_t g_served_ns[16];
+
 EXPORT int clock_gettime(clockid_t id, struct timespec *ts) {
     if (UNLIKELY(!real_clock_gettime)) RESOLVE(clock_gettime);
     if (!ACTIVE()) return real_clock_gettime(id, ts);
@@ -679,6 +686,7 @@ EXPORT int clock_gettime(clockid_t id, struct timespec *ts) {
             if (r.rc) { errno = -r.rc; return -1; }
             ts->tv_sec = r.a;
             ts->tv_nsec = r.b;
+            if ((unsigned)id < 16) g_served_ns[id] = r.a * 1000000000LL + r.b;
             return 0;
         }
         return real_clock_gettime(id, ts);
@@ -1211,6 +1219,40 @@ EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, con
     errno = e;
     return r;
 }
+
+static const struct timespec *translate_deadline(int clk, const struct timespec *abs,
+                                                 struct timespec *out) {
+    if (g_mode != MODE_REPLAY || !abs) return abs;
+    int64_t want = abs->tv_sec * 1000000000LL + abs->tv_nsec;
+    if (clk < 0) { /* unknown clock: the one whose served value is nearest */
+        int64_t dm = want - g_served_ns[CLOCK_MONOTONIC], dr = want - g_served_ns[CLOCK_REALTIME];
+        clk = (dm < 0 ? -dm : dm) < (dr < 0 ? -dr : dr) ? CLOCK_MONOTONIC : CLOCK_REALTIME;
+    }
+    if ((unsigned)clk >= 16 || !g_served_ns[clk]) return abs;
+    struct timespec now;
+    if (is_err(RS2(SYS_clock_gettime, clk, &now))) return abs;
+    int64_t t = now.tv_sec * 1000000000LL + now.tv_nsec + (want - g_served_ns[clk]);
+    out->tv_sec = t / 1000000000LL;
+    out->tv_nsec = t % 1000000000LL;
+    return out;
+}
+
+#define TIMED(ret, name, params, clk, absarg, call) \
+    EXPORT ret name params { \
+        static ret(*real) params; \
+        if (!real) real = (ret(*) params)dlsym(RTLD_NEXT, #name); \
+        struct timespec tr; \
+        const struct timespec *absarg##_t = translate_deadline((clk), absarg, &tr); \
+        return real call; \
+    }
+TIMED(int, pthread_cond_timedwait, (pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *a),
+      -1, a, (c, m, a_t))
+TIMED(int, pthread_cond_clockwait, (pthread_cond_t *c, pthread_mutex_t *m, clockid_t k, const struct timespec *a),
+      (int)k, a, (c, m, k, a_t))
+TIMED(int, sem_timedwait, (sem_t *s, const struct timespec *a), CLOCK_REALTIME, a, (s, a_t))
+TIMED(int, sem_clockwait, (sem_t *s, clockid_t k, const struct timespec *a), (int)k, a, (s, k, a_t))
+TIMED(int, pthread_mutex_timedlock, (pthread_mutex_t *m, const struct timespec *a), CLOCK_REALTIME, a, (m, a_t))
+TIMED(int, pthread_mutex_clocklock, (pthread_mutex_t *m, clockid_t k, const struct timespec *a), (int)k, a, (m, k, a_t))
 
 /* ------------------------------------------------------------------ syscall() */
 

@@ -1,0 +1,201 @@
+"""Record a real process under the real shim, replay it, compare the bytes.
+
+Every test runs ``stenograph record`` and ``stenograph replay`` as subprocesses (the
+way a user does) on real programs: CPython (the real interpreter, not pyenv's shell
+wrapper), coreutils and bash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PY = os.path.realpath(sys.executable)
+CLI = [sys.executable, "-m", "stenograph"]
+
+
+def record(tmp: Path, argv: list[str], name: str = "run") -> tuple[Path, bytes]:
+    out = tmp / f"{name}.steno"
+    p = subprocess.run([*CLI, "record", "-o", str(out), "--", *argv], cwd=tmp,
+                       capture_output=True, timeout=120)
+    assert out.exists(), p.stderr.decode()
+    return out, p.stdout
+
+
+def replay(tmp: Path, steno: Path, *extra: str) -> tuple[int, dict]:
+    p = subprocess.run([*CLI, "replay", str(steno), "--json", *extra], cwd=tmp,
+                       capture_output=True, timeout=120)
+    assert p.stdout, p.stderr.decode()
+    return p.returncode, json.loads(p.stdout.decode().splitlines()[-1])
+
+
+def roundtrip(tmp: Path, argv: list[str]) -> bytes:
+    steno, out = record(tmp, argv)
+    code, rep = replay(tmp, steno)
+    assert rep["divergences"] == [], rep
+    assert rep["identical"] == {"stdout": True, "stderr": True, "exit_status": True}, rep
+    assert code == 0
+    return out
+
+
+def script(tmp: Path, body: str) -> str:
+    path = tmp / "prog.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+NONDETERMINISTIC = """
+    import datetime, os, random, secrets, shutil, socket, tempfile, time, uuid
+    print(time.time(), datetime.datetime.now(), time.monotonic(), time.perf_counter_ns())
+    print(uuid.uuid4(), uuid.uuid1(), random.random(), secrets.token_hex(16))
+    print(os.urandom(16).hex())
+    d = tempfile.mkdtemp()
+    print(d)
+    for n in ["q", "b", "zz", "a", "m", "k"]:
+        open(os.path.join(d, n), "w").close()
+    print(os.listdir(d), sorted(os.scandir(d), key=id)[0].name)
+    shutil.rmtree(d)
+    print(hash("x"), list({"alpha", "beta", "gamma", "delta", "eps"}))
+    print(os.getpid(), os.getppid(), socket.gethostname(), os.uname().nodename)
+    print(id(object()), object())
+    with open("/dev/urandom", "rb") as f:
+        print(f.read(8).hex())
+"""
+
+
+def test_python_program_replays_bit_identical(tmp_path: Path) -> None:
+    out = roundtrip(tmp_path, [PY, script(tmp_path, NONDETERMINISTIC)])
+    again = subprocess.run([PY, str(tmp_path / "prog.py")], capture_output=True).stdout
+    assert out != again  # the program really is nondeterministic without the tape
+
+
+@pytest.mark.xfail(strict=False, reason="GIL hand-off races change how many clock reads "
+                   "CPython makes per thread; replay reports it (docs/determinism.md)")
+def test_threads_reading_clocks(tmp_path: Path) -> None:
+    roundtrip(tmp_path, [PY, script(tmp_path, """
+        import threading, time
+        out = {}
+        def work(i):
+            out[i] = [time.monotonic_ns() for _ in range(200)][-1], time.time()
+        for i in range(4):
+            t = threading.Thread(target=work, args=(i,))
+            t.start()
+            t.join()
+        print(sorted(out.items()))
+    """)])
+
+
+def test_asyncio_sleep_and_timeout_replay_without_waiting(tmp_path: Path) -> None:
+    prog = script(tmp_path, """
+        import asyncio, time
+        async def slow():
+            await asyncio.sleep(5)
+        async def main():
+            t0 = time.monotonic()
+            await asyncio.sleep(0.4)
+            try:
+                await asyncio.wait_for(slow(), 0.3)
+            except asyncio.TimeoutError:
+                print("timed out")
+            print(time.monotonic() - t0, time.time())
+        asyncio.run(main())
+    """)
+    steno, _ = record(tmp_path, [PY, prog])
+    import time
+
+    t0 = time.monotonic()
+    code, rep = replay(tmp_path, steno)
+    assert code == 0 and all(rep["identical"].values()), rep
+    assert time.monotonic() - t0 < 0.7 + 1.5  # the 0.7 s of waits are not slept again
+
+
+@pytest.mark.parametrize("argv", [
+    ["date", "+%s.%N %c"],
+    ["ls", "-f", "/usr/bin"],
+    ["od", "-N16", "-tx1", "/dev/urandom"],
+    ["mktemp", "-u"],
+])
+def test_coreutils(tmp_path: Path, argv: list[str]) -> None:
+    roundtrip(tmp_path, argv)
+
+
+def test_bash_pipeline_with_children(tmp_path: Path) -> None:
+    out = roundtrip(tmp_path, ["bash", "-c",
+                               "date +%N | cat; echo $RANDOM $$; "
+                               "od -An -N4 -tx1 /dev/urandom | tr a-f A-F; "
+                               "(sleep 0.2; date +%N) | sed s/^/t:/; mktemp -u"])
+    assert out.count(b"\n") == 5
+
+
+def test_changed_program_diverges_with_a_precise_report(tmp_path: Path) -> None:
+    prog = tmp_path / "prog.py"
+    prog.write_text("import time\nprint(time.time())\n")
+    steno, _ = record(tmp_path, [PY, str(prog)])
+    prog.write_text("import time, os\nprint(time.time(), os.urandom(4))\n"
+                    "print(time.process_time())\n")
+    code, rep = replay(tmp_path, steno)
+    assert code == 1
+    d = rep["divergences"][0]
+    assert d["proc"] == "0" and d["thread"] == 0
+    assert (d["channel"], d["recorded"]) in {("entropy", "end-of-stream"),
+                                             ("clock", "end-of-stream")}
+    assert d["asked"].startswith(("getrandom(size=4", "clock_gettime(clock=2)"))
+
+
+def test_lenient_lists_divergences_and_finishes(tmp_path: Path) -> None:
+    prog = tmp_path / "prog.py"
+    prog.write_text("import time\nprint(time.time())\n")
+    steno, _ = record(tmp_path, [PY, str(prog)])
+    prog.write_text("import os, time\nprint(time.time(), os.urandom(2)); print('done')\n")
+    code, rep = replay(tmp_path, steno, "--lenient")
+    assert code == 1 and rep["divergences"]
+    assert rep["exit_status"]["replayed"] == 0
+
+
+@pytest.mark.parametrize("content,code", [
+    (b"", 2),
+    (b"garbage that is not a trajectory file at all" * 3, 2),
+])
+def test_garbage_steno_is_one_line(tmp_path: Path, content: bytes, code: int) -> None:
+    bad = tmp_path / "bad.steno"
+    bad.write_bytes(content)
+    p = subprocess.run([*CLI, "replay", str(bad)], capture_output=True, timeout=60)
+    lines = p.stderr.decode().strip().splitlines()
+    assert p.returncode in (2, 3), p.stderr
+    assert len(lines) == 1 and lines[0].startswith("stenograph: error: "), lines
+
+
+def test_truncated_steno_is_corrupt(tmp_path: Path) -> None:
+    steno, _ = record(tmp_path, ["date"])
+    data = steno.read_bytes()
+    cut = tmp_path / "cut.steno"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    p = subprocess.run([*CLI, "replay", str(cut)], capture_output=True, timeout=60)
+    lines = p.stderr.decode().strip().splitlines()
+    assert p.returncode in (2, 3) and len(lines) == 1, p.stderr
+    assert lines[0].startswith("stenograph: error: ")
+
+
+def test_static_binary_is_refused(tmp_path: Path) -> None:
+    busybox = shutil.which("busybox")
+    static = tmp_path / "static"
+    if busybox and b"INTERP" not in Path(busybox).read_bytes()[:4096]:
+        static = Path(busybox)
+    elif shutil.which("gcc"):
+        src = tmp_path / "s.c"
+        src.write_text("int main(void){return 0;}\n")
+        if subprocess.run(["gcc", "-static", "-o", str(static), str(src)]).returncode:
+            pytest.skip("no static libc to link with")
+    else:
+        pytest.skip("no compiler")
+    p = subprocess.run([*CLI, "record", "-o", str(tmp_path / "s.steno"), "--", str(static)],
+                       capture_output=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.decode().strip().startswith("stenograph: error: statically linked")
