@@ -33,7 +33,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/mman.h>
 #include <sys/select.h>
 #include <sys/socket.h>
@@ -104,6 +108,7 @@ static unsigned long g_sock_ino;
 static int g_final;           /* past the exit flush: ship every record at once */
 static int g_barrier_lock;
 static int g_reports;
+static int g_nonet;
 static pthread_key_t g_key;
 static void *volatile g_null; /* compared against nonnull-declared arguments */
 
@@ -586,6 +591,29 @@ static void copy_env(char *dst, size_t cap, const char *v) {
 
 static void thread_key_done(void *unused);
 
+/* Replay isolation: refuse new AF_INET/AF_INET6 sockets with EACCES, so a replay can
+ * never reach a live model or tool. Installed once per tree (it is inherited across
+ * fork and exec); hand-written BPF, no libseccomp needed at build or run time. */
+static void install_nonet_filter(void) {
+    if (RS2(SYS_prctl, PR_GET_SECCOMP, 0) == 2) return; /* a filter is already in place */
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socket, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET6, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EACCES & SECCOMP_RET_DATA)),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof f[0]), f};
+    RS4(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0);
+    RS3(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+}
+
 __attribute__((constructor)) static void shim_init(void) {
     if (g_inited) return;
     resolve_all();
@@ -601,6 +629,7 @@ __attribute__((constructor)) static void shim_init(void) {
         else if (starts(v, "STENO_SHIM=")) shim = v + 11;
         else if (starts(v, "STENO_NEXT=")) next = v + 11;
         else if (starts(v, "STENO_LENIENT=")) lenient = v + 14;
+        else if (starts(v, "STENO_NONET=")) g_nonet = v[12] == '1';
     }
     int m = MODE_OFF;
     if (mode && mode[0] == 'r' && mode[2] == 'c') m = MODE_RECORD;
@@ -632,6 +661,7 @@ __attribute__((constructor)) static void shim_init(void) {
         if (w) *w = NULL;
         pthread_key_create(&g_key, thread_key_done);
         pthread_setspecific(g_key, (void *)1);
+        if (m == MODE_REPLAY && g_nonet) install_nonet_filter();
     }
     g_mode = m;
     g_inited = 1;
@@ -1666,6 +1696,7 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
     ADD("STENO_NEXT=", nb);
     ADD("STENO_SHIM=", g_shim);
     if (g_lenient) ADD("STENO_LENIENT=1");
+    if (g_nonet) ADD("STENO_NONET=1");
 #undef ADD
     out[k] = NULL;
     return out;
