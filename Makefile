@@ -24,6 +24,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/wal.py
+	@test -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 || \
+	    (apt-get install -y faketime >/dev/null 2>&1 || \
+	     (apt-get update >/dev/null && apt-get install -y faketime >/dev/null))
+	$(BIN)/python bench/shim.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
