@@ -53,8 +53,11 @@ def script(tmp: Path, body: str) -> str:
 
 NONDETERMINISTIC = """
     import datetime, os, random, secrets, shutil, socket, tempfile, time, uuid
+    # libuuid keeps its clock sequence in /var/lib/libuuid/clock.txt (state that the
+    # recorded run itself changes): use Python's own uuid1 (time + random) instead.
+    uuid._generate_time_safe = None
     print(time.time(), datetime.datetime.now(), time.monotonic(), time.perf_counter_ns())
-    print(uuid.uuid4(), uuid.uuid1(), random.random(), secrets.token_hex(16))
+    print(uuid.uuid4(), uuid.uuid1(node=0x0242AC110002), random.random(), secrets.token_hex(16))
     print(os.urandom(16).hex())
     d = tempfile.mkdtemp()
     print(d)
