@@ -41,6 +41,8 @@
 #include <sys/mman.h>
 #include <sys/select.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
@@ -110,9 +112,15 @@ static int g_barrier_lock;
 static int g_reports;
 static int g_nonet;
 static pthread_key_t g_key;
-static void *volatile g_null; /* compared against nonnull-declared arguments */
+static void *volatile g_null;
+/* Every other STENO_* variable (Python hook settings, redaction rules...), saved at
+ * start-up: hidden from the program like the rest, but handed to children and to the
+ * Python hooks through steno_getenv(). */
+static char g_extra[8192];
+static size_t g_extra_len; /* compared against nonnull-declared arguments */
 
-static const char *const CH_NAMES[NCH] = {"?", "clock", "entropy", "dirents", "identity", "wait"};
+static const char *const CH_NAMES[NCH] = {"?", "clock", "entropy", "dirents", "identity", "wait",
+                                          "io"};
 
 /* ------------------------------------------------------------------ real functions */
 
@@ -467,6 +475,9 @@ static const char *op_name(int ch, int op) {
     case CH_WAIT * 16 + OP_POLL: return "poll";
     case CH_WAIT * 16 + OP_SELECT: return "select";
     case CH_WAIT * 16 + OP_EPOLL: return "epoll_wait";
+    case CH_IO * 16 + OP_IO_READ: return "read(pipe)";
+    case CH_IO * 16 + OP_IO_POLL: return "poll(pipes)";
+    case CH_IO * 16 + OP_IO_WAIT: return "waitpid(WNOHANG)";
     }
     return "?";
 }
@@ -514,6 +525,13 @@ static char *describe(char *p, char *end, int ch, int op, const unsigned char *a
         } else if (n >= 4) {
             p = s_put(p, end, op == OP_POLL || op == OP_EPOLL ? "timeout_ms=" : "");
             p = i_put(p, end, i1);
+        }
+        break;
+    case CH_IO:
+        if (op == OP_IO_READ) { p = s_put(p, end, "size="); p = u_put(p, end, (uint32_t)i1); }
+        if (op == OP_IO_POLL && n >= 8) {
+            p = s_put(p, end, "timeout_ms="); p = i_put(p, end, i1);
+            p = s_put(p, end, ", nfds="); p = i_put(p, end, i2);
         }
         break;
     }
@@ -630,6 +648,13 @@ __attribute__((constructor)) static void shim_init(void) {
         else if (starts(v, "STENO_NEXT=")) next = v + 11;
         else if (starts(v, "STENO_LENIENT=")) lenient = v + 14;
         else if (starts(v, "STENO_NONET=")) g_nonet = v[12] == '1';
+        else {
+            size_t n = s_len(v) + 1;
+            if (g_extra_len + n < sizeof g_extra) {
+                memcpy(g_extra + g_extra_len, v, n);
+                g_extra_len += n;
+            }
+        }
     }
     int m = MODE_OFF;
     if (mode && mode[0] == 'r' && mode[2] == 'c') m = MODE_RECORD;
@@ -939,14 +964,164 @@ EXPORT int __open64_2(const char *path, int flags) { return open_common(AT_FDCWD
 EXPORT int __openat_2(int d, const char *path, int flags) { return open_common(d, path, flags, 0); }
 EXPORT int __openat64_2(int d, const char *path, int flags) { return open_common(d, path, flags, 0); }
 
+/* ------------------------------------------------------------------ pipe I/O shape
+ *
+ * How many bytes each read() of a pipe returns, and which fds a poll() finds ready,
+ * depend on when the peer process wrote: a parent draining a child's output in a
+ * timed poll loop (subprocess.communicate with a timeout) reads the clock once per
+ * iteration, so the iteration count must repeat. For pipes and socketpairs a process
+ * creates itself, record the sizes and ready sets; replay waits on the live fd (the peer
+ * is replayed too, so the same bytes do come) until the recorded shape holds. */
+
+static uint64_t g_pfd[16];
+
+static inline int pfd_is(int fd) {
+    return (unsigned)fd < 1024 && (__atomic_load_n(&g_pfd[fd >> 6], __ATOMIC_RELAXED) >> (fd & 63) & 1);
+}
+static inline void pfd_set(int fd, int on) {
+    if ((unsigned)fd >= 1024) return;
+    if (on) __atomic_fetch_or(&g_pfd[fd >> 6], 1ULL << (fd & 63), __ATOMIC_RELAXED);
+    else __atomic_fetch_and(&g_pfd[fd >> 6], ~(1ULL << (fd & 63)), __ATOMIC_RELAXED);
+}
+
+EXPORT int pipe2(int fds[2], int flags) {
+    long r = RS2(SYS_pipe2, fds, flags);
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    if (g_mode) { pfd_set(fds[0], 1); pfd_set(fds[1], 1); rfd_set(fds[0], 0); rfd_set(fds[1], 0); }
+    return 0;
+}
+EXPORT int pipe(int fds[2]) { return pipe2(fds, 0); }
+
+EXPORT int socketpair(int dom, int type, int proto, int sv[2]) {
+    long r = RS4(SYS_socketpair, dom, type, proto, sv);
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    if (g_mode) { pfd_set(sv[0], dom == AF_UNIX); pfd_set(sv[1], dom == AF_UNIX); }
+    return 0;
+}
+
+static void dup_marks(int from, int to) {
+    pfd_set(to, pfd_is(from));
+    rfd_set(to, rfd_is(from));
+}
+EXPORT int dup2(int from, int to) {
+    long r = RS2(SYS_dup2, from, to);
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    if (g_mode && from != to) dup_marks(from, to);
+    return (int)r;
+}
+EXPORT int dup3(int from, int to, int flags) {
+    long r = RS3(SYS_dup3, from, to, flags);
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    if (g_mode) dup_marks(from, to);
+    return (int)r;
+}
+
 EXPORT int close(int fd) {
     if (UNLIKELY(rfd_is(fd))) rfd_set(fd, 0);
+    if (UNLIKELY(pfd_is(fd))) pfd_set(fd, 0);
     RESOLVE(close);
     return real_close(fd);
 }
 
+static void io_report(tls_t *t, const char *what) {
+    char line[512];
+    char *p = line, *end = line + sizeof line - 2;
+    p = s_put(p, end, "divergence\tproc="); p = s_put(p, end, g_proc);
+    p = s_put(p, end, "\tthread="); p = u_put(p, end, t->tindex);
+    p = s_put(p, end, "\tchannel=io\tpos="); p = u_put(p, end, t->st[CH_IO].pos);
+    p = s_put(p, end, "\trecorded="); p = s_put(p, end, what);
+    p = s_put(p, end, "\tasked=read of a pipe\n");
+    if (g_reports++ < 500) append_report(line, (size_t)(p - line));
+    if (!g_lenient) die(DIVERGENCE_EXIT);
+}
+
+/* Block until fd shows one of `want` (or hangs up); the peer is being replayed. */
+static void io_wait(int fd, short events, short want) {
+    for (;;) {
+        struct pollfd pf = {fd, events ? events : POLLIN, 0};
+        long r = RS3(SYS_poll, &pf, 1, -1);
+        if (r == 1 && (pf.revents & (want | POLLHUP | POLLERR | POLLNVAL))) return;
+        if (is_err(r) && r != -EINTR) return;
+    }
+}
+
+static ssize_t io_read(int fd, void *buf, size_t n) {
+    tls_t *t = me();
+    uint32_t asked = n > 0x7fffffff ? 0x7fffffff : (uint32_t)n;
+    if (g_mode == MODE_RECORD) {
+        long r = RS3(SYS_read, fd, buf, n);
+        int32_t out[2] = {(int32_t)asked, is_err(r) ? (int32_t)r : (int32_t)r};
+        rec(t, CH_IO, OP_IO_READ, out, 8);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return r;
+    }
+    uint32_t plen;
+    const unsigned char *p = serve(t, CH_IO, OP_IO_READ, &asked, 4, &plen);
+    if (!p) {
+        long r = RS3(SYS_read, fd, buf, n);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return r;
+    }
+    int32_t want;
+    memcpy(&want, p + 4, 4);
+    if (want < 0) { errno = -want; return -1; }  /* EAGAIN, EINTR...: as recorded */
+    size_t got = 0;
+    for (;;) {
+        long k = RS3(SYS_read, fd, (char *)buf + got, want ? (size_t)want - got : n);
+        if (k == -EINTR) continue;
+        if (k == -EAGAIN) { io_wait(fd, POLLIN, POLLIN); continue; }
+        if (is_err(k)) { errno = (int)-k; return got ? (ssize_t)got : -1; }
+        if (want == 0) {
+            if (k > 0) io_report(t, "end of pipe, but the pipe had more data");
+            return k;
+        }
+        if (k == 0) { io_report(t, "more data, but the pipe reached its end"); return (ssize_t)got; }
+        got += (size_t)k;
+        if (got >= (size_t)want) return (ssize_t)got;
+    }
+}
+
+/* waitpid(..., WNOHANG): whether a child has exited yet is timing, and polling loops
+ * (Popen.wait with a timeout) read the clock once per try. Blocking waits need no tape. */
+static pid_t io_wait4(pid_t pid, int *status, int options, struct rusage *ru) {
+    tls_t *t = me();
+    int32_t opt = options;
+    if (g_mode == MODE_RECORD) {
+        int st = 0;
+        long r = RS4(SYS_wait4, pid, &st, options, ru);
+        int32_t out[3] = {opt, (int32_t)r, st};
+        rec(t, CH_IO, OP_IO_WAIT, out, 12);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        if (status) *status = st;
+        return (pid_t)r;
+    }
+    uint32_t plen;
+    const unsigned char *p = serve(t, CH_IO, OP_IO_WAIT, &opt, 4, &plen);
+    long r;
+    if (!p) {
+        r = RS4(SYS_wait4, pid, status, options, ru);
+    } else {
+        int32_t res;
+        memcpy(&res, p + 4, 4);
+        if (res == 0) return 0;
+        if (res < 0) { errno = -res; return -1; }
+        do r = RS4(SYS_wait4, pid, status, options & ~WNOHANG, ru); while (r == -EINTR);
+    }
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    return (pid_t)r;
+}
+
+EXPORT pid_t wait4(pid_t pid, int *status, int options, struct rusage *ru) {
+    if ((options & WNOHANG) && ACTIVE()) return io_wait4(pid, status, options, ru);
+    long r = RS4(SYS_wait4, pid, status, options, ru);
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    return (pid_t)r;
+}
+EXPORT pid_t waitpid(pid_t pid, int *status, int options) { return wait4(pid, status, options, NULL); }
+
 EXPORT ssize_t read(int fd, void *buf, size_t n) {
     if (UNLIKELY(rfd_is(fd)) && ACTIVE()) return entropy(OP_RANDOM_READ, buf, n, 0, fd);
+    if (UNLIKELY(pfd_is(fd)) && ACTIVE()) return io_read(fd, buf, n);
     RESOLVE(read);
     return real_read(fd, buf, n);
 }
@@ -1175,8 +1350,52 @@ static void wait_rec(tls_t *t, int op, const void *args, uint32_t argn, int32_t 
     rec(t, CH_WAIT, op, b, argn + 4);
 }
 
+#define IO_POLL_MAX 64
+
+static int io_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
+    tls_t *t = me();
+    unsigned char a[8 + 2 * IO_POLL_MAX];
+    int32_t to = timeout;
+    uint32_t nf = (uint32_t)nfds;
+    memcpy(a, &to, 4);
+    memcpy(a + 4, &nf, 4);
+    for (nfds_t i = 0; i < nfds; i++) memcpy(a + 8 + 2 * i, &fds[i].events, 2);
+    uint32_t argn = 8 + 2 * (uint32_t)nfds;
+    if (g_mode == MODE_RECORD) {
+        long r = RS3(SYS_poll, fds, nfds, timeout);
+        unsigned char out[4 + 2 * IO_POLL_MAX];
+        int32_t res = (int32_t)r;
+        memcpy(out, &res, 4);
+        for (nfds_t i = 0; i < nfds; i++) memcpy(out + 4 + 2 * i, &fds[i].revents, 2);
+        rec2(t, CH_IO, OP_IO_POLL, a, argn, out, 4 + 2 * (uint32_t)nfds);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return (int)r;
+    }
+    uint32_t plen;
+    const unsigned char *p = serve(t, CH_IO, OP_IO_POLL, a, argn, &plen);
+    if (!p) return real_poll(fds, nfds, timeout);
+    int32_t res;
+    memcpy(&res, p + argn, 4);
+    if (res < 0) { errno = -res; return -1; }
+    for (nfds_t i = 0; i < nfds; i++) {
+        short rev;
+        memcpy(&rev, p + argn + 4 + 2 * i, 2);
+        if (rev && pfd_is(fds[i].fd)) io_wait(fds[i].fd, fds[i].events, rev);
+        fds[i].revents = rev;
+    }
+    return res;
+}
+
+static int poll_shaped(const struct pollfd *fds, nfds_t nfds) {
+    if (nfds > IO_POLL_MAX) return 0;
+    for (nfds_t i = 0; i < nfds; i++)
+        if (pfd_is(fds[i].fd)) return 1;
+    return 0;
+}
+
 EXPORT int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     RESOLVE(poll);
+    if (ACTIVE() && poll_shaped(fds, nfds)) return io_poll(fds, nfds, timeout);
     if (!ACTIVE() || timeout <= 0) return real_poll(fds, nfds, timeout);
     tls_t *t = me();
     int32_t args[2] = {timeout, (int32_t)nfds};
@@ -1638,6 +1857,15 @@ static void after_fork_child(uint32_t idx) {
 EXPORT pid_t fork(void) {
     RESOLVE(fork);
     if (!g_mode) return real_fork();
+    if (T.guard) { /* paused by a Python hook: the child runs off the tape, unnumbered */
+        pid_t pid = real_fork();
+        if (pid == 0) {
+            g_mode = MODE_OFF;
+            if (g_sock >= 0) RS1(SYS_close, g_sock);
+            g_sock = -1;
+        }
+        return pid;
+    }
     tls_t *t = me();
     uint32_t idx = __atomic_add_fetch(&g_cnext, 1, __ATOMIC_RELAXED);
     if (g_mode == MODE_RECORD && t->tb) { /* flush before fork: nothing is duplicated */
@@ -1665,6 +1893,9 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
     }
     strbytes = 3 * 1024 + s_len(g_shim) * 2 + s_len(g_tape) + s_len(g_sockpath) +
                (preload ? s_len(preload) : 0);
+    size_t nextra = 0;
+    for (size_t at = 0; at < g_extra_len; at += s_len(g_extra + at) + 1) nextra++;
+    count += nextra;
     size_t len = (count + 12) * sizeof(char *) + strbytes;
     char **out = shim_map(len, -1);
     if (!out) return NULL;
@@ -1697,6 +1928,8 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
     ADD("STENO_SHIM=", g_shim);
     if (g_lenient) ADD("STENO_LENIENT=1");
     if (g_nonet) ADD("STENO_NONET=1");
+    for (size_t at = 0; at < g_extra_len && k < count + 11; at += s_len(g_extra + at) + 1)
+        out[k++] = g_extra + at;
 #undef ADD
     out[k] = NULL;
     return out;
@@ -1775,14 +2008,14 @@ static int spawn_common(int p, pid_t *pid, const char *path, const posix_spawn_f
 EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
                        const posix_spawnattr_t *at, char *const argv[], char *const envp[]) {
     RESOLVE(posix_spawn);
-    if (!g_mode) return real_posix_spawn(pid, path, fa, at, argv, envp);
+    if (!g_mode || T.guard) return real_posix_spawn(pid, path, fa, at, argv, envp);
     return spawn_common(0, pid, path, fa, at, argv, envp);
 }
 
 EXPORT int posix_spawnp(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
                         const posix_spawnattr_t *at, char *const argv[], char *const envp[]) {
     RESOLVE(posix_spawnp);
-    if (!g_mode) return real_posix_spawnp(pid, path, fa, at, argv, envp);
+    if (!g_mode || T.guard) return real_posix_spawnp(pid, path, fa, at, argv, envp);
     return spawn_common(1, pid, path, fa, at, argv, envp);
 }
 
@@ -1790,7 +2023,7 @@ EXPORT int posix_spawnp(pid_t *pid, const char *path, const posix_spawn_file_act
  * cannot see: give the child its path through a temporarily swapped environ. */
 EXPORT int system(const char *cmd) {
     RESOLVE(system);
-    if (!g_mode || !cmd) return real_system(cmd);
+    if (!g_mode || !cmd || T.guard) return real_system(cmd);
     uint32_t idx = __atomic_add_fetch(&g_cnext, 1, __ATOMIC_RELAXED);
     char cp[256];
     child_path(cp, sizeof cp, idx);
@@ -1806,7 +2039,7 @@ EXPORT int system(const char *cmd) {
 
 EXPORT FILE *popen(const char *cmd, const char *type) {
     RESOLVE(popen);
-    if (!g_mode) return real_popen(cmd, type);
+    if (!g_mode || T.guard) return real_popen(cmd, type);
     uint32_t idx = __atomic_add_fetch(&g_cnext, 1, __ATOMIC_RELAXED);
     char cp[256];
     child_path(cp, sizeof cp, idx);
@@ -1826,3 +2059,28 @@ EXPORT void _exit(int status) {
     real__exit(status);
 }
 EXPORT void _Exit(int status) { _exit(status); }
+
+/* ------------------------------------------------------------------ Python hook control */
+
+/* Pause the tape for this thread (nestable): the Python hooks call these around work that
+ * replay will not repeat -- their own I/O, and in record mode the real network or tool
+ * call -- so none of it lands on the tape. Children spawned while paused run off the
+ * tape and take no spawn number. */
+EXPORT void steno_pause(void) { T.guard++; }
+EXPORT void steno_resume(void) { if (T.guard > 0) T.guard--; }
+
+/* The STENO_* settings the shim hid from the environment; STENO_PROC follows forks. */
+EXPORT const char *steno_getenv(const char *name) {
+    if (!name || !g_mode) return NULL;
+    if (!strcmp(name, "STENO_MODE")) return g_mode == MODE_RECORD ? "record" : "replay";
+    if (!strcmp(name, "STENO_PROC")) return g_proc;
+    if (!strcmp(name, "STENO_TAPE")) return g_mode == MODE_REPLAY ? g_tape : NULL;
+    if (!strcmp(name, "STENO_SOCK")) return g_mode == MODE_RECORD ? g_sockpath : NULL;
+    if (!strcmp(name, "STENO_LENIENT")) return g_lenient ? "1" : NULL;
+    size_t n = s_len(name);
+    for (size_t at = 0; at < g_extra_len; at += s_len(g_extra + at) + 1) {
+        const char *e = g_extra + at;
+        if (!strncmp(e, name, n) && e[n] == '=') return e + n + 1;
+    }
+    return NULL;
+}

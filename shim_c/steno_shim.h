@@ -19,7 +19,8 @@
 #define CH_DIRENTS 3
 #define CH_IDENTITY 4
 #define CH_WAIT 5
-#define NCH 6
+#define CH_IO 6
+#define NCH 7
 
 /* clock ops: payload  i32 arg | i32 rc | i64 a | i64 b   (args prefix: 4 bytes) */
 #define OP_CLOCK_GETTIME 1 /* arg clock id, a/b = sec/nsec */
@@ -51,6 +52,13 @@
 #define OP_POLL 5            /* i32 timeout_ms | u32 nfds | i32 timed_out */
 #define OP_SELECT 6          /* i32 nfds | i32 0 | i64 timeout_us | i32 timed_out */
 #define OP_EPOLL 7           /* i32 timeout_ms | i32 maxevents | i32 timed_out */
+
+/* io ops: the shape of I/O on pipes and socketpairs the process made itself. Only sizes
+ * and ready sets are taped; the bytes come live from the (replayed) peer, which replay
+ * waits for until the recorded shape holds. */
+#define OP_IO_READ 1 /* u32 asked | i32 result (bytes, or -errno) */
+#define OP_IO_POLL 2 /* i32 timeout_ms | u32 nfds | nfds x i16 events | i32 result | nfds x i16 revents */
+#define OP_IO_WAIT 3 /* i32 options | i32 result (0 running, >0 reaped, -errno) | i32 status */
 
 #define DIVERGENCE_EXIT 86
 

@@ -1,9 +1,11 @@
 """``stenograph record`` and ``stenograph replay``: run a program under the process tape.
 
-record: RunStarted (argv, cwd, an environment whitelist, shim and stenograph versions),
-then the shim's TapeChunks as the program runs (durable at every barrier: exec, exit),
-then RunEnded (exit status, sha256 of stdout and stderr); the trajectory is exported to
-a ``.steno`` file.
+record: RunStarted (argv, cwd, an environment whitelist, shim and stenograph versions,
+redaction rules), then the shim's TapeChunks as the program runs and the Python hooks'
+Exchange events (each durable before the program sees its result), then RunEnded (exit
+status, sha256 of stdout and stderr); the trajectory is exported to a ``.steno`` file.
+The run is recorded into a store beside the output and synced at least every
+``FLUSH_EVERY`` seconds, so a killed recorder leaves a readable prefix there.
 
 replay: prepares the tape from the file, re-runs the recorded command (or the one given)
 with the shim serving every recorded value, and reports either the divergences the shim
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -25,9 +28,12 @@ import click
 
 from stenograph import __version__
 from stenograph.interpose.launch import RunResult, run_under_shim
+from stenograph.interpose.pyenv import hook_env
+from stenograph.interpose.redact import RedactionRules
 from stenograph.interpose.shim import shim_path, shim_version
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import BadInput, CorruptLog, ReplayDiverged
+from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import (
     RecordSession,
@@ -37,32 +43,65 @@ from stenograph.recorder.tape import (
     stream_records,
 )
 
-ENV_WHITELIST = (
-    "PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_COLLATE", "LC_TIME",
-    "LC_NUMERIC", "TZ", "USER", "LOGNAME", "SHELL", "TERM", "PYTHONPATH", "PYTHONHASHSEED",
-    "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "PYTHONUTF8", "VIRTUAL_ENV", "TMPDIR",
-)
-"""Recorded with the run and restored at replay: they change what a program prints."""
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE",
+                         re.IGNORECASE)
+"""Environment variables whose values are never written; replay supplies its own or
+``REDACTED``. A program's behaviour rarely depends on a key's value once its model and
+tool calls are served from the tape."""
+
+REDACTED_ENV = "<redacted>"
+
+
+def recorded_env(environ: dict[str, str]) -> dict[str, str]:
+    """The program's whole environment as recorded: the replay restores exactly this, so
+    e.g. ``OPENAI_BASE_URL`` (part of every request fingerprint) is the recorded one."""
+    return {k: (REDACTED_ENV if SECRET_NAME.search(k) else v) for k, v in environ.items()
+            if not k.startswith("STENO_") and k != "LD_PRELOAD"}
+
+
+def replay_env(recorded: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
+    """The recorded environment; a redacted secret takes this environment's value if set."""
+    out = {}
+    for k, v in recorded.items():
+        out[k] = environ.get(k, v) if v == REDACTED_ENV else v
+    return out
+
+FLUSH_EVERY = 0.2
+"""Seconds between syncs of the tape while a run is recorded (barriers sync at once)."""
+
+
+class _Flusher:
+    """Sync the store every ``FLUSH_EVERY`` seconds while the program runs."""
+
+    def __init__(self, store: Store) -> None:
+        import threading
+
+        self._store = store
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="steno-flush", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(FLUSH_EVERY):
+            self._store.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _exit_code(status: int) -> int:
     return 128 - status if status < 0 else status
 
 
-def _base_env(overrides: dict[str, str | None] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("STENO_") and k != "LD_PRELOAD"}
-    for k, v in (overrides or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
+def _base_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("STENO_") and k != "LD_PRELOAD"}
 
 
 def _shim_env(env: dict[str, str], mode: str, **extra: str) -> dict[str, str]:
     so = shim_path()
-    env = dict(env)
+    env = hook_env(mode, base=env)
     env["LD_PRELOAD"] = so
     env["STENO_MODE"] = mode
     env["STENO_PROC"] = "0"
@@ -75,7 +114,8 @@ def _shim_env(env: dict[str, str], mode: str, **extra: str) -> dict[str, str]:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Trajectory file to write (default: <trajectory id>.steno).")
 @click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
-              help="Store directory to record into (default: a temporary one).")
+              help="Store to record into and keep (default: .<output>.rec beside the output, "
+              "removed once the .steno file is written).")
 @click.option("--traj", default=None, help="Trajectory id (default: run-<time>-<pid>).")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def record(output: str | None, store_dir: str | None, traj: str | None,
@@ -83,24 +123,36 @@ def record(output: str | None, store_dir: str | None, traj: str | None,
     """Run CMD under the tape and record everything it reads from the world."""
     argv = list(cmd)
     traj = traj or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    out = Path(output) if output else Path(f"{traj}.steno")
+    if out.is_dir() or not out.parent.is_dir():
+        raise BadInput("output must be a file in an existing directory", str(out))
     tmp = tempfile.mkdtemp(prefix="steno-rec-")
+    store_path = Path(store_dir) if store_dir else out.parent / f".{out.name}.rec"
+    if not store_dir and store_path.exists():
+        raise BadInput("an interrupted recording is in the way; export it with "
+                       "`stenograph log export` or remove it", str(store_path))
     try:
-        store_path = Path(store_dir) if store_dir else Path(tmp) / "store"
         env = _base_env()
         with Store(store_path) as store:
             store.append(traj, "RunStarted", {
                 "argv": argv,
                 "cwd": os.getcwd(),
-                "env": {k: os.environ[k] for k in ENV_WHITELIST if k in os.environ},
+                "env": recorded_env(dict(os.environ)),
                 "shim": shim_version(),
                 "stenograph": __version__,
                 "started": time.time(),
+                "redaction": RedactionRules.from_env().to_body(),
             })
             session = RecordSession(store, traj, Path(tmp) / "tape.sock")
+            exchanges = ExchangeServer(store, traj, Path(tmp) / "py.sock")
+            flusher = _Flusher(store)
             try:
-                result = run_under_shim(argv, _shim_env(env, "record",
-                                                        STENO_SOCK=session.sock_path))
+                result = run_under_shim(argv, _shim_env(
+                    env, "record", STENO_SOCK=session.sock_path,
+                    STENO_PYSOCK=exchanges.path, STENO_STORE=str(store_path.resolve())))
             finally:
+                flusher.close()
+                exchanges.close()
                 stats = session.close()
             store.append(traj, "RunEnded", {
                 "status": result.status,
@@ -108,21 +160,24 @@ def record(output: str | None, store_dir: str | None, traj: str | None,
                 "stderr_sha256": result.stderr_sha256,
                 "chunks": stats.chunks,
                 "processes": sorted(stats.procs),
-                "errors": stats.errors[:20],
+                "exchanges": exchanges.count,
+                "errors": (stats.errors + exchanges.errors)[:20],
             })
-        out = Path(output) if output else Path(f"{traj}.steno")
         from stenograph.recorder.trajfile import export_trajectory
 
         export_trajectory(store_path, traj, out)
+        if not store_dir:
+            shutil.rmtree(store_path, ignore_errors=True)
         click.echo(
             f"stenograph: recorded {traj}: exit {result.status}, {stats.chunks} tape chunks "
-            f"from {len(stats.procs)} process(es) -> {out}", err=True)
+            f"from {len(stats.procs)} process(es), {exchanges.count} exchanges -> {out}",
+            err=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     sys.exit(_exit_code(result.status))
 
 
-def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event]]:
+def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[str, bytes]]:
     from stenograph.recorder.trajfile import read_trajectory
 
     tf = read_trajectory(path)
@@ -134,7 +189,7 @@ def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event]]:
         raise CorruptLog("recorded run has no RunEnded event (recorder killed?)", path, 0)
     if not isinstance(started.get("argv"), list) or not started["argv"]:
         raise CorruptLog("RunStarted has no argv", path, 0)
-    return started, ended, tf.events
+    return started, ended, tf.events, tf.blobs
 
 
 @click.command("replay")
@@ -149,7 +204,7 @@ def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event]]:
 def replay(file: str, lenient: bool, as_json: bool, allow_network: bool,
            keep_tape: str | None, cmd: tuple[str, ...]) -> None:
     """Re-run a recorded command, serving every recorded clock, byte and listing."""
-    started, ended, events = _load(file)
+    started, ended, events, blobs = _load(file)
     argv = list(cmd) or [str(a) for a in started["argv"]]
     tape = Path(keep_tape) if keep_tape else Path(tempfile.mkdtemp(prefix="steno-tape-"))
     try:
@@ -157,9 +212,11 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool,
             tape.mkdir(parents=True, exist_ok=True)
             (tape / "divergence").unlink(missing_ok=True)
         prepare_tape(events, tape)
+        prepare_py_tape(events, tape, blobs)
         rec_env = started.get("env") or {}
-        overrides: dict[str, str | None] = {k: None for k in ENV_WHITELIST}
-        overrides.update({str(k): str(v) for k, v in rec_env.items()})
+        if not isinstance(rec_env, dict):
+            raise CorruptLog("RunStarted has no environment map", file, 0)
+        env = replay_env({str(k): str(v) for k, v in rec_env.items()}, dict(os.environ))
         extra = {"STENO_TAPE": str(tape)}
         if lenient:
             extra["STENO_LENIENT"] = "1"
@@ -168,7 +225,7 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool,
         cwd = started.get("cwd")
         if not isinstance(cwd, str) or not os.path.isdir(cwd):
             cwd = None
-        result = run_under_shim(argv, _shim_env(_base_env(overrides), "replay", **extra),
+        result = run_under_shim(argv, _shim_env(env, "replay", **extra),
                                 cwd=cwd, passthrough=not as_json)
         report = _report(file, tape, started, ended, result, argv)
     finally:
@@ -188,7 +245,9 @@ def _report(file: str, tape: Path, started: dict[str, Any], ended: dict[str, Any
     divs, drift = [], []
     for d in found:
         entry = d.to_json()
-        if d.kind == "divergence":
+        if d.kind == "divergence" and d.detail:
+            divs.append(entry)  # a Python hook's call: its report carries the diff
+        elif d.kind == "divergence":
             before = stream_records(tape, d.proc, d.thread, d.channel)[max(0, d.pos - 5):d.pos]
             entry["before"] = [describe(ch, op, p) for ch, op, p in before]
             divs.append(entry)
@@ -217,6 +276,12 @@ def _print_report(report: dict[str, Any], as_json: bool) -> None:
         click.echo(f"stenograph: drift: process {d['proc']} thread {d['thread']} "
                    f"{d['channel']}#{d['position']}: {d['asked']}", err=err)
     for d in report["divergences"]:
+        if d.get("detail"):
+            click.echo(f"stenograph: divergence: process {d['proc']} channel {d['channel']} "
+                       f"position {d['position']}", err=err)
+            for line in d["detail"]:
+                click.echo(f"  {line}", err=err)
+            continue
         click.echo(f"stenograph: divergence: process {d['proc']} thread {d['thread']} "
                    f"channel {d['channel']} position {d['position']}", err=err)
         click.echo(f"  recorded: {d['recorded']}", err=err)

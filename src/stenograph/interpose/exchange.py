@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
 from stenograph.interpose.fingerprint import fingerprint
-from stenograph.interpose.pytape import PyTape
+from stenograph.interpose.pytape import PyTape, getenv
 
 _MODEL_PATH = re.compile(r"/(chat/completions|completions|responses|messages)/?$")
 
 
 def _user_patterns() -> list[re.Pattern[str]]:
-    raw = os.environ.get("STENO_MODEL_URLS", "")
+    raw = getenv("STENO_MODEL_URLS") or ""
     return [re.compile(p) for p in raw.split(",") if p.strip()]
 
 

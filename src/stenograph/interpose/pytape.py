@@ -90,10 +90,8 @@ class PyTape:
         self._sock: socket.socket | None = None
         self._blobs = BlobStore(Path(store_dir) / "blobs") if store_dir else None
         self._tape_dir = Path(tape_dir) if tape_dir else None
-        self._streams: dict[str, list[dict[str, Any]]] = {}
+        self._streams: dict[str, list[dict[str, Any]]] | None = None
         self._used: dict[str, set[int]] = {}
-        if mode == "replay":
-            self._load()
         os.register_at_fork(after_in_child=self._after_fork)
 
     # -- common ---------------------------------------------------------------------
@@ -139,11 +137,16 @@ class PyTape:
 
     # -- replay -------------------------------------------------------------------------
 
-    def _load(self) -> None:
-        assert self._tape_dir is not None
-        path = self._tape_dir / "py" / f"{self.proc}.msgpack"
-        if path.exists():
-            self._streams = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+    def _load(self) -> dict[str, list[dict[str, Any]]]:
+        """Read this process's entries on first use, not at start-up: unpacking allocates,
+        and with ASLR off the program's own allocations must land where they did when it
+        was recorded (``id()``, set order of objects hashed by address)."""
+        if self._streams is None:
+            assert self._tape_dir is not None
+            path = self._tape_dir / "py" / f"{self.proc}.msgpack"
+            self._streams = (msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+                             if path.exists() else {})
+        return self._streams
 
     def resolve(self, value: Any) -> bytes:
         """Inline bytes, or the bytes of a blob reference (replay prepared them)."""
@@ -155,7 +158,7 @@ class PyTape:
 
     def take(self, channel: str, pos: int, request: dict[str, Any], fp: str) -> dict[str, Any]:
         """The recorded entry that answers ``request`` (or a divergence)."""
-        stream = self._streams.get(channel, [])
+        stream = self._load().get(channel, [])
         with self._lock:
             used = self._used.setdefault(channel, set())
             free = [i for i in range(len(stream)) if i not in used][:MATCH_WINDOW]
@@ -213,34 +216,49 @@ def _stop(message: str) -> NoReturn:
     os._exit(DIVERGED_EXIT)
 
 
+def _shim_getenv_fn() -> Any:
+    try:
+        fn = ctypes.CDLL(None).steno_getenv
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = [ctypes.c_char_p]
+    return fn
+
+
+_SHIM_GETENV = _shim_getenv_fn()
+
+
+def getenv(name: str) -> str | None:
+    """A ``STENO_*`` setting: from the shim when it is loaded (it hides them from the
+    program's environment so record and replay look alike), else from the environment."""
+    if _SHIM_GETENV is not None:
+        value = _SHIM_GETENV(name.encode())
+        return None if value is None else bytes(value).decode()
+    return os.environ.get(name)
+
+
 def _shim_proc() -> str | None:
     """The process path the shim assigned (it follows forks), else the environment's."""
-    try:
-        fn = ctypes.CDLL(None).steno_proc_path
-        fn.restype = ctypes.c_char_p
-        value = fn()
-        if value:
-            return bytes(value).decode()
-    except (OSError, AttributeError):
-        pass
-    return os.environ.get("STENO_PROC")
+    return getenv("STENO_PROC")
 
 
 _current: PyTape | None = None
 
 
 def current() -> PyTape | None:
-    """The tape of this process, created from the environment on first use."""
+    """The tape of this process, created from the environment on the first intercepted call
+    (never at start-up: see ``site/sitecustomize.py``)."""
     global _current
     if _current is None:
-        mode = os.environ.get("STENO_MODE", "")
+        mode = getenv("STENO_MODE") or ""
         if mode not in ("record", "replay"):
             return None
         _current = PyTape(
             mode, _shim_proc() or "0",
-            sock_path=os.environ.get("STENO_PYSOCK"),
-            tape_dir=os.environ.get("STENO_TAPE"),
-            store_dir=os.environ.get("STENO_STORE"),
-            lenient=os.environ.get("STENO_LENIENT") == "1",
+            sock_path=getenv("STENO_PYSOCK"),
+            tape_dir=getenv("STENO_TAPE"),
+            store_dir=getenv("STENO_STORE"),
+            lenient=getenv("STENO_LENIENT") == "1",
         )
     return _current

@@ -18,7 +18,6 @@ knows what was removed.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -35,7 +34,9 @@ DEFAULT_JSON = frozenset({"api_key", "apikey", "password", "secret", "client_sec
 
 
 def _env_set(name: str) -> frozenset[str]:
-    raw = os.environ.get(name, "")
+    from stenograph.interpose.pytape import getenv
+
+    raw = getenv(name) or ""
     return frozenset(x.strip().lower() for x in raw.split(",") if x.strip())
 
 

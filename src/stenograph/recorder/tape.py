@@ -15,6 +15,7 @@ order -- which the shim maps and serves.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -32,7 +33,7 @@ MAGIC = b"STP1"
 MSG_DATA, MSG_BARRIER, MSG_EXIT = 1, 2, 3
 HEADER = struct.Struct("<4sHHIH")
 RECORD = struct.Struct("<BBHI")
-CHANNELS = {1: "clock", 2: "entropy", 3: "dirents", 4: "identity", 5: "wait"}
+CHANNELS = {1: "clock", 2: "entropy", 3: "dirents", 4: "identity", 5: "wait", 6: "io"}
 CHANNEL_IDS = {v: k for k, v in CHANNELS.items()}
 DIVERGENCE_EXIT = 86
 MAX_MESSAGE = 8 << 20
@@ -45,6 +46,7 @@ OP_NAMES = {
     (3, 1): "opendir", (4, 1): "getpid", (4, 2): "getppid", (4, 3): "gettid",
     (4, 4): "gethostname", (4, 5): "uname", (5, 1): "nanosleep", (5, 2): "clock_nanosleep",
     (5, 3): "sleep", (5, 4): "usleep", (5, 5): "poll", (5, 6): "select", (5, 7): "epoll_wait",
+    (6, 1): "read(pipe)", (6, 2): "poll(pipes)", (6, 3): "waitpid(WNOHANG)",
 }
 
 
@@ -97,6 +99,13 @@ def describe(ch: int, op: int, payload: bytes) -> str:
             return f"{name}()"
         if ch == 5:
             return f"{name}({payload[:24].hex()})"
+        if ch == 6 and op == 1:
+            asked, got = struct.unpack_from("<Ii", payload)
+            return f"{name}(size={asked}) -> {got}"
+        if ch == 6 and op == 2:
+            timeout, nfds = struct.unpack_from("<iI", payload)
+            (res,) = struct.unpack_from("<i", payload, 8 + 2 * nfds)
+            return f"{name}(timeout_ms={timeout}, nfds={nfds}) -> {res}"
     except struct.error:
         pass
     return f"{name}(<{len(payload)} bytes>)"
@@ -276,18 +285,20 @@ class Divergence:
     pos: int
     recorded: str
     asked: str
+    detail: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "proc": self.proc, "thread": self.thread,
                 "channel": self.channel, "position": self.pos,
-                "recorded": self.recorded, "asked": self.asked}
+                "recorded": self.recorded, "asked": self.asked, "detail": list(self.detail)}
 
 
 def read_divergences(tape_dir: str | Path) -> list[Divergence]:
+    """What the shim (``divergence``) and the Python hooks (``divergence-py.jsonl``) found."""
+    out = _read_py_divergences(Path(tape_dir) / "divergence-py.jsonl")
     path = Path(tape_dir) / "divergence"
     if not path.is_file():
-        return []
-    out: list[Divergence] = []
+        return out
     for line in path.read_text(errors="replace").splitlines():
         kind, *fields = line.split("\t")
         kv = dict(f.split("=", 1) for f in fields if "=" in f)
@@ -296,5 +307,23 @@ def read_divergences(tape_dir: str | Path) -> list[Divergence]:
                                   kv.get("channel", "?"), int(kv.get("pos", -1)),
                                   kv.get("recorded", "?"), kv.get("asked", "?")))
         except ValueError:
+            continue
+    return out
+
+
+def _read_py_divergences(path: Path) -> list[Divergence]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            d = json.loads(line)
+            report = [str(x) for x in d["report"]]
+            recorded = next((x for x in report if x.startswith("nearest recorded")), "nothing")
+            asked = next((x for x in report if x.startswith("asked:")), "?")
+            asked = asked.removeprefix("asked:").strip()
+            out.append(Divergence("divergence", str(d["proc"]), -1, str(d["channel"]),
+                                  int(d["position"]), recorded, asked, tuple(report)))
+        except (ValueError, KeyError, TypeError):
             continue
     return out
