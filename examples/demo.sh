@@ -1,24 +1,46 @@
 #!/usr/bin/env bash
-# The demo `make demo` runs: write a small trajectory log through the CLI, read it
-# back, export it to a self-contained .steno file and verify it.
+# What `make demo` runs: record a real agent (the official openai SDK, tool calls that list
+# a directory, read a file and run a shell command) against the loopback model server,
+# stop the server, replay the run offline with networking refused, and compare bytes.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 out="${DEMO_OUT:-demo-out}"
 rm -rf "$out"
 mkdir -p "$out"
-store="$out/store"
-s() { echo "+ stenograph $*" >&2; stenograph "$@"; }
+py="$(command -v python)"  # the venv's interpreter (a symlink to the real binary, not a shell script)
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-s log append "$store" --traj demo-1 --kind TaskStarted \
-  --body '{"task": "list the repo", "model": "scripted-1", "sampling": {"temperature": 0}}'
-s log append "$store" --traj demo-1 --kind ModelReplied \
-  --body '{"text": "I will list the directory.", "tool_calls": [{"id": "c1", "name": "ls", "args": {"path": "."}}], "stop": "tool_use"}'
-s log append "$store" --traj demo-1 --kind ToolIntent \
-  --body '{"tool": "ls", "args": {"path": "."}, "idempotency_key": "demo-1/c1"}'
-s log append "$store" --traj demo-1 --kind ToolResult --body '{"call": "c1", "status": "ok", "output": "README.md\nsrc\n"}'
-s log append "$store" --traj demo-2 --kind Note --body '{"text": "a second trajectory shares the store"}'
-s log ls "$store"
-s log cat "$store" --traj demo-1
-s log export "$store" demo-1 -o "$out/demo-1.steno"
-s log verify "$out/demo-1.steno"
-s log verify "$store"
-echo "demo: ok (store in $store, trajectory file $out/demo-1.steno)"
+say "start the loopback model server (scripted replies, OpenAI and Anthropic APIs)"
+python -m stenograph.testing.model_server --port 0 --script examples/agent_script.json \
+  --port-file "$out/port" > "$out/server.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -s "$out/port" ] && break; sleep 0.1; done
+export OPENAI_BASE_URL="http://127.0.0.1:$(cat "$out/port")/v1"
+export OPENAI_API_KEY="sk-demo-$(date +%s)-not-a-real-key"
+
+say "record: stenograph record -o $out/agent.steno -- python examples/agent.py"
+stenograph record -o "$out/agent.steno" -- "$py" examples/agent.py | tee "$out/recorded.txt"
+
+say "a plain rerun differs (run id, clock, pid)"
+"$py" examples/agent.py > "$out/rerun.txt"
+diff <(head -1 "$out/recorded.txt") <(head -1 "$out/rerun.txt") || true
+
+say "stop the server; forget the API key"
+kill "$server"; wait "$server" 2>/dev/null || true
+unset OPENAI_API_KEY
+
+say "replay offline, networking refused: stenograph replay $out/agent.steno"
+stenograph replay "$out/agent.steno" | tee "$out/replayed.txt"
+
+say "compare"
+cmp "$out/recorded.txt" "$out/replayed.txt" && echo "stdout: bit-identical"
+if grep -q "sk-demo-" "$out/agent.steno"; then
+  echo "the API key reached the log!" >&2; exit 1
+fi
+echo "the API key is nowhere in $out/agent.steno"
+stenograph log verify "$out/agent.steno"
+stenograph log cat "$out/agent.steno" --json | python -c '
+import collections, json, sys
+kinds = collections.Counter(json.loads(line)["kind"] for line in sys.stdin)
+print("events:", dict(kinds))'
