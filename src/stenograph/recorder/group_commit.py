@@ -113,12 +113,14 @@ class GroupCommit:
         self.wait(last)
 
     def close(self) -> None:
-        self.flush()
-        with self.lock:
-            self._closed = True
-            self._kick.notify_all()
-        if self._flusher is not None:
-            self._flusher.join()
+        try:
+            self.flush()
+        finally:  # even when poisoned: stop the flusher, or it waits forever
+            with self.lock:
+                self._closed = True
+                self._kick.notify_all()
+            if self._flusher is not None:
+                self._flusher.join()
 
     def _start_flusher(self) -> None:
         if self._flusher is None:

@@ -100,8 +100,6 @@ class Store:
 
     def _open(self) -> None:
         wal = self.path / "wal"
-        for leftover in wal.glob("*.tmp"):
-            leftover.unlink()
         reader = StoreReader(self.path)
         trajs: dict[str, list[Any]] = {}
         for ev in reader.events():
@@ -110,6 +108,9 @@ class Store:
                 trajs[ev.traj] = [ev.seq, ev.lsn, 1]
             else:
                 st[0], st[1], st[2] = ev.seq, ev.lsn, st[2] + 1
+        # Only once the scan has accepted the store: a refused open changes nothing.
+        for leftover in wal.glob("*.tmp"):
+            leftover.unlink()
         self._trajs = trajs
         self.recovered: TornTail | None = reader.torn
         next_lsn = getattr(reader, "next_lsn", 1)
