@@ -112,6 +112,9 @@ static int g_barrier_lock;
 static int g_reports;
 static int g_nonet;
 static pthread_key_t g_key;
+/* CPython's PyGILState_Check, when the process is a CPython interpreter (resolved once at
+ * start-up with dlsym(RTLD_DEFAULT); NULL otherwise). See gil_free() below. */
+static int (*g_py_gil_check)(void);
 static void *volatile g_null;
 /* Every other STENO_* variable (Python hook settings, redaction rules...), saved at
  * start-up: hidden from the program like the rest, but handed to children and to the
@@ -687,6 +690,7 @@ __attribute__((constructor)) static void shim_init(void) {
         pthread_key_create(&g_key, thread_key_done);
         pthread_setspecific(g_key, (void *)1);
         if (m == MODE_REPLAY && g_nonet) install_nonet_filter();
+        g_py_gil_check = (int (*)(void))dlsym(RTLD_DEFAULT, "PyGILState_Check");
     }
     g_mode = m;
     g_inited = 1;
@@ -717,6 +721,23 @@ static void thread_key_done(void *unused) {
 /* Fast gate: are we recording or replaying, and not inside the shim already? */
 #define ACTIVE() (LIKELY(g_mode) && LIKELY(!T.guard))
 
+/* In a CPython process, a thread that does not hold the GIL cannot run Python code, so a
+ * clock it reads is incidental to the program's output: CPython reads CLOCK_MONOTONIC
+ * without the GIL only to compute deadlines of its own waits (take_gil's 5 ms timed
+ * condition wait, PyThread_acquire_lock_timed's semaphore deadline), and how many times
+ * take_gil loops depends on the scheduler. Such reads are served live in both modes and
+ * never taped, and the deadlines they produce are already in real time, so they are not
+ * translated (translate_deadline). Timed waits themselves (time.sleep releases the GIL
+ * around clock_nanosleep, whose deadline was computed with the GIL held), entropy,
+ * listings and identity stay taped whoever calls them: their number is the program's.
+ * PyGILState_Check reads runtime state and pthread_getspecific only: no lock, no
+ * allocation; it answers 1 before the runtime is initialised and after it is finalised,
+ * so start-up and shut-down reads of the main thread stay taped. */
+static inline int gil_free(void) {
+    return g_py_gil_check && !g_py_gil_check();
+}
+#define CLOCK_ACTIVE() (ACTIVE() && LIKELY(!gil_free()))
+
 /* ------------------------------------------------------------------ clocks */
 
 typedef struct { int32_t arg; int32_t rc; int64_t a; int64_t b; } clockrec_t;
@@ -729,7 +750,7 @@ static int64_t g_served_ns[16];
 
 EXPORT int clock_gettime(clockid_t id, struct timespec *ts) {
     if (UNLIKELY(!real_clock_gettime)) RESOLVE(clock_gettime);
-    if (!ACTIVE()) return real_clock_gettime(id, ts);
+    if (!CLOCK_ACTIVE()) return real_clock_gettime(id, ts);
     tls_t *t = me();
     int32_t arg = (int32_t)id;
     if (g_mode == MODE_REPLAY) {
@@ -780,7 +801,7 @@ static void clock_rec(int op, int32_t arg, int32_t rc, int64_t a, int64_t b) {
 
 EXPORT int gettimeofday(struct timeval *tv, void *tz) {
     RESOLVE(gettimeofday);
-    if (!ACTIVE() || (void *)tv == g_null) return real_gettimeofday(tv, tz);
+    if (!CLOCK_ACTIVE() || (void *)tv == g_null) return real_gettimeofday(tv, tz);
     int64_t a = 0, b = 0;
     int served;
     int rc = clock_other(OP_GETTIMEOFDAY, 0, &a, &b, &served);
@@ -798,7 +819,7 @@ EXPORT int gettimeofday(struct timeval *tv, void *tz) {
 
 EXPORT time_t time(time_t *out) {
     RESOLVE(time);
-    if (!ACTIVE()) return real_time(out);
+    if (!CLOCK_ACTIVE()) return real_time(out);
     int64_t a = 0, b = 0;
     int served;
     clock_other(OP_TIME, 0, &a, &b, &served);
@@ -813,7 +834,7 @@ EXPORT time_t time(time_t *out) {
 
 EXPORT int timespec_get(struct timespec *ts, int base) {
     RESOLVE(timespec_get);
-    if (!ACTIVE()) return real_timespec_get(ts, base);
+    if (!CLOCK_ACTIVE()) return real_timespec_get(ts, base);
     int64_t a = 0, b = 0;
     int served;
     int rc = clock_other(OP_TIMESPEC_GET, base, &a, &b, &served);
@@ -828,7 +849,7 @@ EXPORT int timespec_get(struct timespec *ts, int base) {
 
 EXPORT clock_t clock(void) {
     RESOLVE(clock);
-    if (!ACTIVE()) return real_clock();
+    if (!CLOCK_ACTIVE()) return real_clock();
     int64_t a = 0, b = 0;
     int served;
     clock_other(OP_CLOCK, 0, &a, &b, &served);
@@ -1471,7 +1492,7 @@ EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, con
 
 static const struct timespec *translate_deadline(int clk, const struct timespec *abs,
                                                  struct timespec *out) {
-    if (g_mode != MODE_REPLAY || !abs) return abs;
+    if (g_mode != MODE_REPLAY || !abs || T.guard || gil_free()) return abs;
     int64_t want = abs->tv_sec * 1000000000LL + abs->tv_nsec;
     if (clk < 0) { /* unknown clock: the one whose served value is nearest */
         int64_t dm = want - g_served_ns[CLOCK_MONOTONIC], dr = want - g_served_ns[CLOCK_REALTIME];

@@ -79,8 +79,6 @@ def test_python_program_replays_bit_identical(tmp_path: Path) -> None:
     assert out != again  # the program really is nondeterministic without the tape
 
 
-@pytest.mark.xfail(strict=False, reason="GIL hand-off races change how many clock reads "
-                   "CPython makes per thread; replay reports it (docs/determinism.md)")
 def test_threads_reading_clocks(tmp_path: Path) -> None:
     roundtrip(tmp_path, [PY, script(tmp_path, """
         import threading, time
@@ -94,6 +92,41 @@ def test_threads_reading_clocks(tmp_path: Path) -> None:
         print(sorted(out.items()))
     """)])
 
+
+
+def test_contending_threads_with_cpu_work_clocks_and_lock_handoff(tmp_path: Path) -> None:
+    # Four threads run at once and fight for the GIL (take_gil reads CLOCK_MONOTONIC a
+    # scheduler-dependent number of times): only the reads made with the GIL held are the
+    # program's, and each thread's are served from its own stream.
+    roundtrip(tmp_path, [PY, script(tmp_path, """
+        import threading, time
+        N = 4
+        turn = [threading.Lock() for _ in range(N + 1)]
+        for lk in turn[1:]:
+            lk.acquire()
+        shared = threading.Lock()
+        out = {}
+        def work(i):
+            acc, stamps = 0, []
+            for k in range(120):
+                for j in range(400):  # pure-Python CPU work: holds the GIL, forces switches
+                    acc = (acc * 31 + j + i) % 1000003
+                stamps.append(time.monotonic_ns())
+                if k % 40 == 0:
+                    with shared:
+                        stamps.append(time.time_ns())
+                    time.sleep(0.001)
+            turn[i].acquire()  # hand-off in a fixed order, no timeouts
+            stamps.append(time.perf_counter_ns())
+            out[i] = (acc, len(stamps), stamps[-1], sum(stamps) % 1000003)
+            turn[i + 1].release()
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(N)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print(sorted(out.items()), time.monotonic())
+    """)])
 
 def test_asyncio_sleep_and_timeout_replay_without_waiting(tmp_path: Path) -> None:
     prog = script(tmp_path, """
