@@ -133,7 +133,8 @@ class GroupCommit:
         with self.lock:
             while not self._closed:
                 if self._async_waiters and not self._writing and self._error is None:
-                    self._lead()
+                    with contextlib.suppress(StorePoisoned):  # already given to every waiter
+                        self._lead()
                 else:
                     self._kick.wait()
 
