@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from stenograph.recorder.blobs import BlobStore
-from stenograph.recorder.codec import Event, envelope, frame, marker, pack_body
+from stenograph.recorder.codec import Event, envelope_frame, marker, pack_body
 from stenograph.recorder.errors import BadInput, NotAStore, StenographError, StoreLocked
 from stenograph.recorder.group_commit import CommitSettings, GroupCommit
 from stenograph.recorder.kinds import FORMAT_VERSION, KINDS, check_kind
@@ -125,6 +127,7 @@ class Store:
         else:
             self._seg = self._new_segment(1, next_lsn, 0)
         self._closed = False
+        self._pack = msgpack.Packer(use_bin_type=True).pack  # used under the commit lock only
         self._gc = GroupCommit(self._write_batch, next_lsn, self.settings.commit)
 
     # -- appending -------------------------------------------------------------------
@@ -150,6 +153,12 @@ class Store:
         return lsn
 
     def _enqueue(self, traj: str, kind: str, body: bytes) -> int:
+        """Assign the next LSN and seq and queue the framed event.
+
+        Encoding happens under the commit lock because the LSN is part of the
+        envelope; it uses the store's own packer, which the lock serializes.
+        Every producer runs this once per event, so it is kept lean.
+        """
         if kind not in KINDS:
             check_kind(kind)
         gc = self._gc
@@ -161,8 +170,9 @@ class Store:
                 check_traj(traj)
                 st = self._trajs[traj] = [-1, None, 0]
             lsn = gc.next_lsn
-            gc.push(frame(envelope(lsn, traj, st[0] + 1, st[1], kind, body)))
-            st[0] += 1
+            seq = st[0] + 1
+            gc.push(envelope_frame(self._pack, lsn, traj, seq, st[1], kind, body))
+            st[0] = seq
             st[1] = lsn
             st[2] += 1
         return lsn
