@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import pathlib
 
 import pytest
 from conftest import SMALL, flip_bit
@@ -100,3 +101,19 @@ def test_store_blobs_live_in_the_store(tmp_path) -> None:
         (ev,) = s.events()
         assert s.blobs.get(BlobRef.from_body(ev.body["output"])) == b"bulky tool output"
     assert (path / "blobs" / ref.sha256[:2] / ref.sha256[2:]).is_file()
+
+
+def test_bad_hash_is_bad_input_not_a_path(tmp_path: pathlib.Path) -> None:
+
+    bs = BlobStore(tmp_path / "blobs")
+    with pytest.raises(BadInput):
+        bs.get("../" + "a" * 61)
+
+
+def test_put_repairs_a_damaged_copy(tmp_path: pathlib.Path) -> None:
+    bs = BlobStore(tmp_path / "blobs")
+    ref = bs.put(b"payload" * 100)
+    path = bs.path_of(ref.sha256)
+    path.write_bytes(b"X" * ref.size)  # same size, wrong bytes
+    assert bs.put(b"payload" * 100) == ref
+    assert bs.get(ref) == b"payload" * 100

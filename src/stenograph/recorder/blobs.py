@@ -43,6 +43,8 @@ class BlobStore:
         self.root = Path(root)
 
     def path_of(self, sha256: str) -> Path:
+        if not (isinstance(sha256, str) and len(sha256) == 64 and set(sha256) <= _HEX):
+            raise BadInput(f"not a blob hash: {sha256!r}", str(self.root))
         return self.root / sha256[:2] / sha256[2:]
 
     def put(self, data: bytes) -> BlobRef:
@@ -51,7 +53,9 @@ class BlobStore:
         ref = BlobRef(sha, len(data))
         final = self.path_of(sha)
         if final.exists() and final.stat().st_size == len(data):
-            return ref
+            with open(final, "rb") as f:
+                if hashlib.file_digest(f, "sha256").hexdigest() == sha:
+                    return ref  # already there and intact; a damaged copy is rewritten
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
