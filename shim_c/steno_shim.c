@@ -33,6 +33,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <link.h>
+#include <ucontext.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -111,6 +113,10 @@ static int g_final;           /* past the exit flush: ship every record at once 
 static int g_barrier_lock;
 static int g_reports;
 static int g_nonet;
+/* Seccomp filters already on this process tree (inherited across fork and exec, never
+ * removable): "n" once the network rule is in, "t<lo>-<hi>" per trapped text range.
+ * Travels to exec'd / spawned children as STENO_FILT. */
+static char g_filt[512];
 static pthread_key_t g_key;
 /* CPython's PyGILState_Check, when the process is a CPython interpreter (resolved once at
  * start-up with dlsym(RTLD_DEFAULT); NULL otherwise). See gil_free() below. */
@@ -465,6 +471,7 @@ static const char *op_name(int ch, int op) {
     case CH_ENTROPY * 16 + OP_GETRANDOM: return "getrandom";
     case CH_ENTROPY * 16 + OP_GETENTROPY: return "getentropy";
     case CH_ENTROPY * 16 + OP_RANDOM_READ: return "read(/dev/urandom)";
+    case CH_ENTROPY * 16 + OP_GETRANDOM_RAW: return "syscall-instruction(getrandom)";
     case CH_DIRENTS * 16 + OP_OPENDIR: return "opendir";
     case CH_IDENTITY * 16 + OP_GETPID: return "getpid";
     case CH_IDENTITY * 16 + OP_GETPPID: return "getppid";
@@ -500,7 +507,7 @@ static char *describe(char *p, char *end, int ch, int op, const unsigned char *a
         break;
     case CH_ENTROPY:
         p = s_put(p, end, "size="); p = u_put(p, end, (uint32_t)i1);
-        if (op == OP_GETRANDOM) { p = s_put(p, end, ", flags="); p = i_put(p, end, i2); }
+        if (op == OP_GETRANDOM || op == OP_GETRANDOM_RAW) { p = s_put(p, end, ", flags="); p = i_put(p, end, i2); }
         break;
     case CH_DIRENTS:
         if (n >= 2) {
@@ -612,27 +619,132 @@ static void copy_env(char *dst, size_t cap, const char *v) {
 
 static void thread_key_done(void *unused);
 
-/* Replay isolation: refuse new AF_INET/AF_INET6 sockets with EACCES, so a replay can
- * never reach a live model or tool. Installed once per tree (it is inherited across
- * fork and exec); hand-written BPF, no libseccomp needed at build or run time. */
-static void install_nonet_filter(void) {
-    if (RS2(SYS_prctl, PR_GET_SECCOMP, 0) == 2) return; /* a filter is already in place */
+/* ------------------------------------------------------------------ seccomp
+ *
+ * Replay isolation: refuse new AF_INET/AF_INET6 sockets with EACCES, so a replay can never
+ * reach a live model or tool (once per tree: filters are inherited across fork and exec).
+ *
+ * Raw getrandom: a `syscall` instruction for getrandom in the program's own code (inline
+ * asm; libc's syscall() is wrapped below) bypasses every libc wrapper. In both modes the
+ * shim traps it with SECCOMP_RET_TRAP when the instruction pointer lies in the main
+ * executable's text, and serves it from the SIGSYS handler through the entropy stream
+ * (op 4). Only the main executable is trapped: glibc itself calls getrandom raw (malloc's
+ * tcache key) before this library's constructor has installed the handler, and a filter
+ * outlives exec, when libraries move but the executable's text (ASLR off) stays put.
+ * The shim's own raw syscalls are never in that range. Hand-written BPF, no libseccomp. */
+
+static uintptr_t g_exe_lo, g_exe_hi;
+static ssize_t entropy(int op, void *buf, size_t size, uint32_t flags, int fd);
+
+static int exe_range_cb(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size; (void)data;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+        if (!g_exe_lo || lo < g_exe_lo) g_exe_lo = lo;
+        if (hi > g_exe_hi) g_exe_hi = hi;
+    }
+    return 1; /* the first object is the main program */
+}
+
+static void sigsys_handler(int sig, siginfo_t *si, void *ctx) {
+    (void)sig;
+    ucontext_t *uc = ctx;
+    greg_t *g = uc->uc_mcontext.gregs;
+    int saved = errno;
+    long ret = -ENOSYS;
+    if (si->si_syscall == SYS_getrandom) {
+        void *buf = (void *)g[REG_RDI];
+        size_t n = (size_t)g[REG_RSI];
+        unsigned flags = (unsigned)g[REG_RDX];
+        if (g_mode && !T.guard) {
+            ssize_t r = entropy(OP_GETRANDOM_RAW, buf, n, flags, -1);
+            ret = r < 0 ? -errno : r;
+        } else {
+            ret = RS3(SYS_getrandom, buf, n, flags);
+        }
+    }
+    g[REG_RAX] = ret;
+    errno = saved;
+}
+
+static char *hex_put(char *p, char *end, uint64_t v) {
+    char tmp[16]; int n = 0;
+    do { tmp[n++] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v);
+    while (n && p < end) *p++ = tmp[--n];
+    return p;
+}
+
+static void install_filters(void) {
+    int want_net = g_mode == MODE_REPLAY && g_nonet && !strchr(g_filt, 'n');
+    char tag[48], *tp = tag, *tend = tag + sizeof tag - 1;
+    int want_trap = 0;
+    dl_iterate_phdr(exe_range_cb, NULL);
+    uint32_t hi32 = (uint32_t)(g_exe_lo >> 32);
+    if (g_exe_lo && g_exe_hi > g_exe_lo && (uint32_t)((g_exe_hi - 1) >> 32) == hi32) {
+        tp = s_put(tp, tend, "t"); tp = hex_put(tp, tend, g_exe_lo);
+        tp = s_put(tp, tend, "-"); tp = hex_put(tp, tend, g_exe_hi);
+        *tp = 0;
+        want_trap = !strstr(g_filt, tag);
+    }
+    if (want_trap) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = sigsys_handler;
+        sa.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGSYS, &sa, NULL);
+    }
+    if (!want_net && !want_trap) {
+        /* inherited filters still trap this image's executable: keep a handler for it */
+        if (tag[0] == 't' && strstr(g_filt, tag)) {
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_sigaction = sigsys_handler;
+            sa.sa_flags = SA_SIGINFO | SA_RESTART;
+            sigemptyset(&sa.sa_mask);
+            sigaction(SIGSYS, &sa, NULL);
+        }
+        return;
+    }
+    uint32_t lo = (uint32_t)g_exe_lo, hi = (uint32_t)g_exe_hi;
+    if ((uint32_t)((g_exe_hi) >> 32) != hi32) hi = 0xffffffffu;
     struct sock_filter f[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socket, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        /* 2 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 3 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        /* 4 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_trap ? SYS_getrandom : 0xffffffffu, 2, 0),
+        /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_socket : 0xffffffffu, 8, 0),
+        /* 6 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 7: getrandom: trap if lo <= ip < hi (same upper half) */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer) + 4),
+        /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, hi32, 0, 4),
+        /* 9 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer)),
+        /* 10 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, lo, 0, 2),
+        /* 11 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, hi, 1, 0),
+        /* 12 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+        /* 13 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 14: socket(AF_INET / AF_INET6) -> EACCES */
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET, 2, 0),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET6, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EACCES & SECCOMP_RET_DATA)),
+        /* 15 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET, 2, 0),
+        /* 16 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET6, 1, 0),
+        /* 17 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 18 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EACCES & SECCOMP_RET_DATA)),
     };
     struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof f[0]), f};
-    RS4(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0);
-    RS3(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+    long r = RS3(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+    if (r == -EACCES) { /* no CAP_SYS_ADMIN: a filter needs no_new_privs */
+        RS4(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0);
+        r = RS3(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+    }
+    if (is_err(r)) return;
+    size_t at = s_len(g_filt);
+    char *p = g_filt + at, *end = g_filt + sizeof g_filt - 1;
+    if (want_net) p = s_put(p, end, "n");
+    if (want_trap) p = s_put(p, end, tag);
+    *p = 0;
 }
 
 __attribute__((constructor)) static void shim_init(void) {
@@ -651,6 +763,7 @@ __attribute__((constructor)) static void shim_init(void) {
         else if (starts(v, "STENO_NEXT=")) next = v + 11;
         else if (starts(v, "STENO_LENIENT=")) lenient = v + 14;
         else if (starts(v, "STENO_NONET=")) g_nonet = v[12] == '1';
+        else if (starts(v, "STENO_FILT=")) copy_env(g_filt, sizeof g_filt, v + 11);
         else {
             size_t n = s_len(v) + 1;
             if (g_extra_len + n < sizeof g_extra) {
@@ -689,10 +802,10 @@ __attribute__((constructor)) static void shim_init(void) {
         if (w) *w = NULL;
         pthread_key_create(&g_key, thread_key_done);
         pthread_setspecific(g_key, (void *)1);
-        if (m == MODE_REPLAY && g_nonet) install_nonet_filter();
         g_py_gil_check = (int (*)(void))dlsym(RTLD_DEFAULT, "PyGILState_Check");
     }
     g_mode = m;
+    if (m != MODE_OFF) install_filters();
     g_inited = 1;
 }
 
@@ -866,14 +979,15 @@ EXPORT clock_t clock(void) {
 static ssize_t entropy_chunk(int op, void *buf, uint32_t size, uint32_t flags, int fd) {
     tls_t *t = me();
     uint32_t args[2] = {size, flags};
-    uint32_t argn = op == OP_GETRANDOM ? 8 : 4;
+    int gr = op == OP_GETRANDOM || op == OP_GETRANDOM_RAW;
+    uint32_t argn = gr ? 8 : 4;
     if (g_mode == MODE_REPLAY) {
         uint32_t n;
         const unsigned char *p = serve(t, CH_ENTROPY, op, args, argn, &n);
         if (p) {
             int32_t rc;
             memcpy(&rc, p + argn, 4);
-            uint32_t hdr = argn + (op == OP_GETRANDOM ? 8 : 4);
+            uint32_t hdr = argn + (gr ? 8 : 4);
             if (rc < 0) { errno = -rc; return -1; }
             uint32_t give = op == OP_GETENTROPY ? size : (uint32_t)rc;
             if (give > n - hdr) give = n - hdr;
@@ -892,7 +1006,7 @@ static ssize_t entropy_chunk(int op, void *buf, uint32_t size, uint32_t flags, i
         memcpy(head, args, argn);
         memcpy(head + argn, &rc, 4);
         uint32_t hn = argn + 4;
-        if (op == OP_GETRANDOM) { memset(head + hn, 0, 4); hn += 4; }
+        if (gr) { memset(head + hn, 0, 4); hn += 4; }
         rec2(t, CH_ENTROPY, op, head, hn, buf, data);
     }
     if (is_err(r)) { errno = (int)-r; return -1; }
@@ -1949,6 +2063,7 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
     ADD("STENO_SHIM=", g_shim);
     if (g_lenient) ADD("STENO_LENIENT=1");
     if (g_nonet) ADD("STENO_NONET=1");
+    if (g_filt[0]) ADD("STENO_FILT=", g_filt);
     for (size_t at = 0; at < g_extra_len && k < count + 11; at += s_len(g_extra + at) + 1)
         out[k++] = g_extra + at;
 #undef ADD

@@ -33,6 +33,8 @@
 #define OP_GETRANDOM 1   /* u32 size | u32 flags | i32 rc | u32 0 | bytes[rc] */
 #define OP_GETENTROPY 2  /* u32 size | i32 rc | bytes[size if rc==0] */
 #define OP_RANDOM_READ 3 /* u32 size | i32 rc | bytes[rc]   (read() on /dev/[u]random) */
+#define OP_GETRANDOM_RAW 4 /* a raw `syscall` instruction for getrandom in the program's own
+                            * code, trapped by seccomp (SIGSYS): payload as OP_GETRANDOM */
 
 /* dirents ops */
 #define OP_OPENDIR 1 /* u16 pathlen | path | i32 errno | u32 count | count x (u64 ino | u8 type | u16 len | name) */

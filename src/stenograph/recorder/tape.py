@@ -43,6 +43,7 @@ _PROC_RE = re.compile(r"0(\.[1-9][0-9]{0,8}){0,64}")
 OP_NAMES = {
     (1, 1): "clock_gettime", (1, 2): "gettimeofday", (1, 3): "time", (1, 4): "timespec_get",
     (1, 5): "clock", (2, 1): "getrandom", (2, 2): "getentropy", (2, 3): "read(/dev/urandom)",
+    (2, 4): "syscall-instruction(getrandom)",
     (3, 1): "opendir", (4, 1): "getpid", (4, 2): "getppid", (4, 3): "gettid",
     (4, 4): "gethostname", (4, 5): "uname", (5, 1): "nanosleep", (5, 2): "clock_nanosleep",
     (5, 3): "sleep", (5, 4): "usleep", (5, 5): "poll", (5, 6): "select", (5, 7): "epoll_wait",
@@ -82,7 +83,7 @@ def describe(ch: int, op: int, payload: bytes) -> str:
             return f"{name}({args}) -> {val}" + (f" rc={rc}" if rc and op != 4 else "")
         if ch == 2:
             size = struct.unpack_from("<I", payload)[0]
-            body = payload[16:] if op == 1 else payload[8:]
+            body = payload[16:] if op in (1, 4) else payload[8:]
             return f"{name}(size={size}) -> {body[:16].hex()}{'...' if len(body) > 16 else ''}"
         if ch == 3:
             (pl,) = struct.unpack_from("<H", payload)
