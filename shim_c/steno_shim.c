@@ -678,7 +678,7 @@ static char *hex_put(char *p, char *end, uint64_t v) {
 
 static void install_filters(void) {
     int want_net = g_mode == MODE_REPLAY && g_nonet && !strchr(g_filt, 'n');
-    char tag[48], *tp = tag, *tend = tag + sizeof tag - 1;
+    char tag[48] = {0}, *tp = tag, *tend = tag + sizeof tag - 1;
     int want_trap = 0;
     dl_iterate_phdr(exe_range_cb, NULL);
     uint32_t hi32 = (uint32_t)(g_exe_lo >> 32);
@@ -688,7 +688,9 @@ static void install_filters(void) {
         *tp = 0;
         want_trap = !strstr(g_filt, tag);
     }
-    if (want_trap) {
+    /* an inherited filter may trap this image's executable too: the handler goes in
+     * whenever any trap rule is on the tree, before the filter */
+    if (want_trap || strchr(g_filt, 't')) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_sigaction = sigsys_handler;
@@ -696,18 +698,7 @@ static void install_filters(void) {
         sigemptyset(&sa.sa_mask);
         sigaction(SIGSYS, &sa, NULL);
     }
-    if (!want_net && !want_trap) {
-        /* inherited filters still trap this image's executable: keep a handler for it */
-        if (tag[0] == 't' && strstr(g_filt, tag)) {
-            struct sigaction sa;
-            memset(&sa, 0, sizeof sa);
-            sa.sa_sigaction = sigsys_handler;
-            sa.sa_flags = SA_SIGINFO | SA_RESTART;
-            sigemptyset(&sa.sa_mask);
-            sigaction(SIGSYS, &sa, NULL);
-        }
-        return;
-    }
+    if (!want_net && !want_trap) return;
     uint32_t lo = (uint32_t)g_exe_lo, hi = (uint32_t)g_exe_hi;
     if ((uint32_t)((g_exe_hi) >> 32) != hi32) hi = 0xffffffffu;
     struct sock_filter f[] = {
