@@ -113,6 +113,7 @@ static int g_final;           /* past the exit flush: ship every record at once 
 static int g_barrier_lock;
 static int g_reports;
 static int g_nonet;
+static int g_drift = 1; /* STENO_DRIFT=0: replay does not read live directories to check drift */
 /* Seccomp filters already on this process tree (inherited across fork and exec, never
  * removable): "n" once the network rule is in, "t<lo>-<hi>" per trapped text range.
  * Travels to exec'd / spawned children as STENO_FILT. */
@@ -263,6 +264,7 @@ typedef struct {
     uint32_t tindex;
     tbuf_t *tb;
     stream_t st[NCH];
+    unsigned char *spare[2]; /* listing blocks kept for reuse: no mmap/munmap/faults per listing */
 } tls_t;
 
 static __thread tls_t T __attribute__((tls_model("initial-exec")));
@@ -755,6 +757,7 @@ __attribute__((constructor)) static void shim_init(void) {
         else if (starts(v, "STENO_LENIENT=")) lenient = v + 14;
         else if (starts(v, "STENO_NONET=")) g_nonet = v[12] == '1';
         else if (starts(v, "STENO_FILT=")) copy_env(g_filt, sizeof g_filt, v + 11);
+        else if (starts(v, "STENO_DRIFT=")) g_drift = v[12] != '0';
         else {
             size_t n = s_len(v) + 1;
             if (g_extra_len + n < sizeof g_extra) {
@@ -811,8 +814,12 @@ static void final_flush(void) {
 
 __attribute__((destructor)) static void shim_fini(void) { final_flush(); }
 
+#define DBLOCK (64u << 20) /* listing blocks: virtual, MAP_NORESERVE: only touched pages cost */
+
 static void thread_key_done(void *unused) {
     (void)unused;
+    for (int i = 0; i < 2; i++)
+        if (T.spare[i]) { shim_unmap(T.spare[i], DBLOCK); T.spare[i] = NULL; }
     if (g_mode != MODE_RECORD || !T.tb) return;
     tbuf_t *b = T.tb;
     spin_lock(&b->lock);
@@ -1665,7 +1672,18 @@ typedef struct {
 } dslot_t;
 
 #define NDIRS 512
-#define DBLOCK (64u << 20) /* virtual, MAP_NORESERVE: only touched pages cost */
+
+static unsigned char *block_get(void) {
+    for (int i = 0; i < 2; i++)
+        if (T.spare[i]) { unsigned char *b = T.spare[i]; T.spare[i] = NULL; return b; }
+    return shim_map(DBLOCK, -1);
+}
+
+static void block_put(unsigned char *b) {
+    for (int i = 0; i < 2; i++)
+        if (!T.spare[i]) { T.spare[i] = b; return; }
+    shim_unmap(b, DBLOCK);
+}
 static dslot_t g_dirs[NDIRS];
 static int g_dirs_lock;
 
@@ -1692,6 +1710,13 @@ static dslot_t *dslot_new(DIR *d) {
     }
     spin_unlock(&g_dirs_lock);
     return NULL;
+}
+
+static uint64_t name_hash(const char *p) { /* FNV-1a, then a final mix */
+    uint64_t h = 0xcbf29ce484222325ULL;
+    while (*p) { h ^= (unsigned char)*p++; h *= 0x100000001b3ULL; }
+    h ^= h >> 33; h *= 0xff51afd7ed558ccdULL; h ^= h >> 33;
+    return h;
 }
 
 static int name_cmp(const char *a, const char *b) {
@@ -1737,7 +1762,7 @@ static int block_add(dslot_t *s, size_t *used, uint64_t ino, unsigned char type,
 /* Read the live listing of d into s, sorted. ents[] ends up in reverse insertion
  * order; sorting fixes the order anyway. */
 static int live_listing(dslot_t *s, DIR *d) {
-    s->block = shim_map(DBLOCK, -1);
+    s->block = block_get();
     if (!s->block) return 0;
     s->cap = DBLOCK;
     s->count = 0;
@@ -1754,7 +1779,7 @@ static void listing_record(tls_t *t, dslot_t *s, const char *path, int32_t err) 
     /* payload: u16 pathlen | path | i32 errno | u32 count | entries */
     size_t total = 2 + s_len(path) + 8;
     for (uint32_t i = 0; i < s->count; i++) total += 11 + s_len(s->ents[i]->d_name);
-    unsigned char *buf = shim_map(total, -1);
+    unsigned char *buf = total <= DBLOCK ? block_get() : shim_map(total, -1);
     if (!buf) return;
     unsigned char *w = buf;
     uint16_t pl = (uint16_t)s_len(path);
@@ -1768,7 +1793,8 @@ static void listing_record(tls_t *t, dslot_t *s, const char *path, int32_t err) 
         w += 11 + nl;
     }
     rec(t, CH_DIRENTS, OP_OPENDIR, buf, (uint32_t)total);
-    shim_unmap(buf, total);
+    if (total <= DBLOCK) block_put(buf);
+    else shim_unmap(buf, total);
 }
 
 static void drift_report(tls_t *t, const char *path) {
@@ -1805,7 +1831,7 @@ static DIR *listing_replay(tls_t *t, const char *path, DIR *live, int live_err) 
     if (!d) { errno = EIO; return NULL; }
     dslot_t *s = dslot_new(d);
     if (!s) return d;
-    s->block = shim_map(DBLOCK, -1);
+    s->block = block_get();
     if (!s->block) { s->d = NULL; return d; }
     s->cap = DBLOCK;
     s->count = 0;
@@ -1821,16 +1847,22 @@ static DIR *listing_replay(tls_t *t, const char *path, DIR *live, int live_err) 
     for (uint32_t i = 0, j = s->count ? s->count - 1 : 0; i < j; i++, j--) {
         struct dirent64 *x = s->ents[i]; s->ents[i] = s->ents[j]; s->ents[j] = x;
     }
-    /* compare with the live listing (names and types) */
+    /* compare with the live listing: the set of names, by count and an order-independent
+     * digest (no copy, no sort); STENO_DRIFT=0 skips reading the live directory */
     int drift = live == NULL;
-    if (live) {
-        dslot_t tmp = {0};
-        if (live_listing(&tmp, live)) {
-            if (tmp.count != s->count) drift = 1;
-            for (uint32_t i = 0; !drift && i < tmp.count; i++)
-                if (name_cmp(tmp.ents[i]->d_name, s->ents[i]->d_name)) drift = 1;
-            shim_unmap(tmp.block, tmp.cap);
+    if (live && g_drift) {
+        uint64_t lsum = 0, lxor = 0, rsum = 0, rxor = 0;
+        uint32_t lcount = 0;
+        struct dirent64 *e;
+        while ((e = real_readdir64(live)) != NULL) {
+            uint64_t h = name_hash(e->d_name);
+            lsum += h; lxor ^= h * 0x9e3779b97f4a7c15ULL; lcount++;
         }
+        for (uint32_t i = 0; i < s->count; i++) {
+            uint64_t h = name_hash(s->ents[i]->d_name);
+            rsum += h; rxor ^= h * 0x9e3779b97f4a7c15ULL;
+        }
+        drift = lcount != s->count || lsum != rsum || lxor != rxor;
     }
     if (drift) drift_report(t, path);
     return d;
@@ -1911,7 +1943,7 @@ EXPORT int closedir(DIR *d) {
     if (g_mode) {
         dslot_t *s = dslot_find(d);
         if (s) {
-            if (s->block) shim_unmap(s->block, s->cap);
+            if (s->block && s->block != (unsigned char *)1) block_put(s->block);
             s->block = (unsigned char *)1; /* tombstone keeps probe chains intact */
             s->d = NULL;
             s->count = s->next = 0;
@@ -2055,6 +2087,7 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
     if (g_lenient) ADD("STENO_LENIENT=1");
     if (g_nonet) ADD("STENO_NONET=1");
     if (g_filt[0]) ADD("STENO_FILT=", g_filt);
+    if (!g_drift) ADD("STENO_DRIFT=0");
     for (size_t at = 0; at < g_extra_len && k < count + 11; at += s_len(g_extra + at) + 1)
         out[k++] = g_extra + at;
 #undef ADD

@@ -235,3 +235,23 @@ def test_static_binary_is_refused(tmp_path: Path) -> None:
                        capture_output=True, timeout=60)
     assert p.returncode == 2
     assert p.stderr.decode().strip().startswith("stenograph: error: statically linked")
+
+
+def test_changed_directory_is_reported_as_drift_and_served_as_recorded(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    d.mkdir()
+    for n in ["c", "a", "b"]:
+        (d / n).touch()
+    prog = script(tmp_path, f"""
+        import os
+        print(os.listdir({str(d)!r}))
+    """)
+    steno, out = record(tmp_path, [PY, prog])
+    assert out == b"['a', 'b', 'c']\n"
+    code, rep = replay(tmp_path, steno)
+    assert code == 0 and rep["drift"] == [], rep
+    (d / "b").unlink()
+    (d / "z").touch()  # same count, other names: the digest sees it
+    code, rep = replay(tmp_path, steno)
+    assert code == 0 and rep["identical"]["stdout"], rep
+    assert len(rep["drift"]) == 1 and str(d) in json.dumps(rep["drift"]), rep
