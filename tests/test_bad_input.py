@@ -292,7 +292,7 @@ def test_lock_held_by_another_process(store, tmp_path) -> None:
 # -- trajectory ids ------------------------------------------------------------------
 
 BAD_TRAJS = ["", " ", "-lead", ".dot", "_under", "a b", "a/b", "a\\b", "tab\t", "é",
-             "new\nline", "x" * 201, 5, None, b"bytes", 1.5]
+             "new\nline", "x" * 201, 5, None, b"bytes", 1.5, ["list"], {"a": 1}]
 GOOD_TRAJS = ["a", "0", "x" * 200, "A0._:@+-z", "run:1@host+2"]
 
 

@@ -161,6 +161,8 @@ class Store:
         """
         if kind not in KINDS:
             check_kind(kind)
+        if type(traj) is not str:
+            check_traj(traj)  # raises BadInput (an unhashable id would be a TypeError below)
         gc = self._gc
         with gc.lock:
             if self._closed:
