@@ -27,7 +27,12 @@ from typing import Any
 import click
 
 from stenograph import __version__
-from stenograph.interpose.launch import RunResult, run_under_shim
+from stenograph.interpose.launch import (
+    RunResult,
+    check_dynamic,
+    resolve_program,
+    run_under_shim,
+)
 from stenograph.interpose.pyenv import hook_env
 from stenograph.interpose.redact import RedactionRules
 from stenograph.interpose.shim import shim_path, shim_version
@@ -126,6 +131,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None,
     out = Path(output) if output else Path(f"{traj}.steno")
     if out.is_dir() or not out.parent.is_dir():
         raise BadInput("output must be a file in an existing directory", str(out))
+    check_dynamic(resolve_program(argv, _base_env()))  # refuse before creating anything
     tmp = tempfile.mkdtemp(prefix="steno-rec-")
     store_path = Path(store_dir) if store_dir else out.parent / f".{out.name}.rec"
     if not store_dir and store_path.exists():

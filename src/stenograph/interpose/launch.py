@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import hashlib
+import mmap
 import os
 import shutil
 import subprocess
@@ -78,12 +79,30 @@ def check_dynamic(path: str) -> None:
             table = f.read(phentsize * phnum)
     except OSError as exc:
         raise BadInput(f"cannot read program: {exc.strerror}", path) from None
-    for i in range(phnum):
-        if int.from_bytes(table[i * phentsize:i * phentsize + 4], "little") == 3:  # PT_INTERP
-            return
-    raise BadInput(
-        "statically linked program: the LD_PRELOAD shim cannot see its clocks, entropy or "
-        "listings, so it cannot be recorded or replayed faithfully", path)
+    dynamic = any(int.from_bytes(table[i * phentsize:i * phentsize + 4], "little") == 3
+                  for i in range(phnum))  # PT_INTERP
+    if not dynamic:
+        raise BadInput(
+            "statically linked program: the LD_PRELOAD shim cannot see its clocks, entropy "
+            "or listings, so it cannot be recorded or replayed faithfully", path)
+    if _is_go(path):
+        raise BadInput(
+            "Go program: its runtime reads clocks through the vDSO and makes raw system "
+            "calls, which the LD_PRELOAD shim cannot see, so it cannot be recorded or "
+            "replayed faithfully", path)
+
+
+GO_BUILDINFO = b"\xff Go buildinf:"
+"""Start of the ``.go.buildinfo`` section every Go binary since Go 1.13 carries."""
+
+
+def _is_go(path: str) -> bool:
+    """A Go binary, even one linked dynamically through cgo (its runtime still bypasses libc)."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return m.find(GO_BUILDINFO) >= 0
+    except (OSError, ValueError):
+        return False
 
 
 def _pump(src: BinaryIO, dst_fd: int | None, digest: Any, keep: list[bytes] | None) -> None:
