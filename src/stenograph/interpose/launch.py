@@ -1,6 +1,6 @@
 """Run a command under the shim: ASLR off, stdio passed through and hashed.
 
-ASLR is switched off with ``personality(ADDR_NO_RANDOMIZE)`` in the child before exec
+ASLR is switched off with ``personality(ADDR_NO_RANDOMIZE)`` on the launcher around the spawn
 (it is inherited by the whole tree), so heap and mmap addresses -- and with them
 ``id()``, default reprs and anything hashed from addresses -- repeat between record and
 replay. stdout and stderr go through pipes that this process copies to its own and
@@ -10,6 +10,7 @@ inherited untouched. The program sees pipes in both modes, so it behaves alike.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import hashlib
@@ -19,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -38,19 +39,32 @@ class RunResult:
     stderr: bytes | None = None
 
 
-def _no_aslr() -> Callable[[], None]:
-    """A preexec function that turns ASLR off (resolved before fork: only a call after)."""
+_PERSONALITY_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _aslr_off_for_children() -> Iterator[None]:
+    """Turn ASLR off for processes this one starts, for the duration of the block.
+
+    The personality flag is inherited and takes effect at exec, so setting it on the
+    launcher around the spawn is enough -- and unlike a ``preexec_fn`` it lets
+    ``subprocess`` keep its vfork/posix_spawn fast path (a preexec hook forces a full
+    fork of this process, about 4-5 ms here).
+    """
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     personality = libc.personality
     personality.argtypes = [ctypes.c_ulong]
     personality.restype = ctypes.c_int
-
-    def preexec() -> None:
-        cur = personality(0xFFFFFFFF)
-        if cur != -1:
-            personality(cur | ADDR_NO_RANDOMIZE)
-
-    return preexec
+    with _PERSONALITY_LOCK:
+        old = personality(0xFFFFFFFF)
+        if old == -1:
+            yield
+            return
+        personality(old | ADDR_NO_RANDOMIZE)
+        try:
+            yield
+        finally:
+            personality(old)
 
 
 def resolve_program(argv: Sequence[str], env: Mapping[str, str]) -> str:
@@ -137,13 +151,12 @@ def run_under_shim(
     """Run ``argv`` with ``env`` (which carries LD_PRELOAD and STENO_*); wait for it."""
     prog = resolve_program(argv, env)
     check_dynamic(prog)
-    preexec = _no_aslr() if aslr_off else None
     try:
-        proc = subprocess.Popen(
-            [prog, *argv[1:]], executable=prog, env=dict(env), cwd=cwd,
-            stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=preexec, close_fds=True,
-        )
+        with _aslr_off_for_children() if aslr_off else contextlib.nullcontext():
+            proc = subprocess.Popen(
+                [prog, *argv[1:]], executable=prog, env=dict(env), cwd=cwd,
+                stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
+            )
     except OSError as exc:
         raise BadInput(f"cannot run command: {exc.strerror}", argv[0]) from None
     out_h, err_h = hashlib.sha256(), hashlib.sha256()
