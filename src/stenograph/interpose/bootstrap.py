@@ -34,7 +34,30 @@ def _patch_aiohttp(mod: ModuleType) -> None:
     http_aiohttp.install(mod)
 
 
+def _patch_asyncio(mod: ModuleType) -> None:
+    """Shut the default executor down off the tape. In record the real network calls of
+    the hooks (DNS lookups) start it and replay never does; joining its threads runs
+    event-loop iterations that read clocks as many times as the threads' timing allows."""
+    from stenograph.interpose.pytape import current
+
+    loop_cls = mod.BaseEventLoop
+    orig = loop_cls.shutdown_default_executor
+    if getattr(orig, "_stenograph", False):
+        return
+
+    async def shutdown_default_executor(self: Any, *args: Any, **kwargs: Any) -> None:
+        tape = current()
+        if tape is None:
+            return await orig(self, *args, **kwargs)
+        with tape.shim.paused():
+            return await orig(self, *args, **kwargs)
+
+    shutdown_default_executor._stenograph = True  # type: ignore[attr-defined]
+    loop_cls.shutdown_default_executor = shutdown_default_executor
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "asyncio.base_events": _patch_asyncio,
     "httpx": _patch_httpx,
     "httpx2": _patch_httpx,
     "requests.adapters": _patch_requests,

@@ -63,6 +63,14 @@ def _reader(aiohttp: ModuleType, chunks: list[bytes], loop: asyncio.AbstractEven
     return reader
 
 
+def _loop_of(session: Any) -> asyncio.AbstractEventLoop:
+    """The session's loop. Not ``asyncio.get_running_loop()``: on 3.11 it compares the
+    loop's pid with ``getpid()``, which in replay is the recorded pid outside the hooks
+    (where the loop was started) and the real one inside them (the tape is paused)."""
+    loop = getattr(session, "_loop", None)
+    return loop if isinstance(loop, asyncio.AbstractEventLoop) else asyncio.get_running_loop()
+
+
 def install(client: ModuleType) -> None:
     """Patch ``aiohttp.client.ClientSession._request`` once."""
     import aiohttp
@@ -88,7 +96,7 @@ def install(client: ModuleType) -> None:
 
     def _response(session: Any, method: str, url: Any, headers: list[list[str]],
                   status: int, reason: str | None, chunks: list[bytes]) -> Any:
-        loop = asyncio.get_running_loop()
+        loop = _loop_of(session)
         info = aiohttp.RequestInfo(url, method, CIMultiDictProxy(CIMultiDict()), url)
         resp = aiohttp.ClientResponse(
             method, url, writer=None, continue100=None, timer=None, request_info=info,
@@ -151,9 +159,21 @@ def install(client: ModuleType) -> None:
                          "headers": response_headers(tape, headers), "body": tape.spill(data),
                          "chunks": [len(c) for c in chunks], "complete": True},
         })
-        resp.content = _reader(aiohttp, chunks, asyncio.get_running_loop())
+        resp.content = _reader(aiohttp, chunks, _loop_of(session))
         resp._body = None
         return resp
 
+    orig_close = cls.close
+
+    async def close(self: Any) -> None:
+        # Closing the connector closes the connections record opened and replay never did
+        # (the event-loop iterations that takes read clocks): off the tape.
+        tape = current()
+        if tape is None:
+            return await orig_close(self)
+        with tape.shim.paused():
+            return await orig_close(self)
+
     _request._stenograph = True  # type: ignore[attr-defined]
     cls._request = _request
+    cls.close = close

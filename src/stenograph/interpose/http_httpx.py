@@ -217,7 +217,29 @@ def install(mod: ModuleType) -> None:
         return mod.Response(status_code=resp.status_code, headers=resp.headers,
                             stream=AsyncRecStream(resp.stream, entry), extensions=resp.extensions)
 
+    orig_close, orig_aclose = sync_t.close, async_t.aclose
+
+    def close(self: Any) -> None:
+        tape = current()
+        if tape is None:
+            return orig_close(self)
+        with tape.shim.paused():
+            return orig_close(self)
+
+    async def aclose(self: Any) -> None:
+        # Closing the pool closes the connections record opened and replay never did (an
+        # async close also runs event-loop iterations that read clocks): off the tape.
+        tape = current()
+        if tape is None:
+            return await orig_aclose(self)
+        if tape.mode == "replay":
+            return None
+        with tape.shim.paused():
+            return await orig_aclose(self)
+
     handle_request._stenograph = True  # type: ignore[attr-defined]
     handle_async_request._stenograph = True  # type: ignore[attr-defined]
     sync_t.handle_request = handle_request
     async_t.handle_async_request = handle_async_request
+    sync_t.close = close
+    async_t.aclose = aclose

@@ -109,3 +109,24 @@ def install(adapters: ModuleType) -> None:
 
     send._stenograph = True  # type: ignore[attr-defined]
     cls.send = send
+    _pause_pool_close(urllib3)
+
+
+def _pause_pool_close(urllib3: ModuleType) -> None:
+    """Closing a pool closes the connections record opened and replay never did (the pool
+    itself exists only in record): do it off the tape, whether ``close()`` is called or the
+    pool's finalizer runs when the session is collected."""
+    pools = getattr(urllib3, "connectionpool", None)
+    orig = getattr(pools, "_close_pool_connections", None)
+    if orig is None or getattr(orig, "_stenograph", False):
+        return
+
+    def _close_pool_connections(pool: Any) -> None:
+        tape = current()
+        if tape is None:
+            return orig(pool)
+        with tape.shim.paused():
+            return orig(pool)
+
+    _close_pool_connections._stenograph = True  # type: ignore[attr-defined]
+    pools._close_pool_connections = _close_pool_connections

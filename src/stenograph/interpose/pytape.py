@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import socket
@@ -49,11 +50,22 @@ DIVERGED_EXIT = 86
 
 
 class _ShimControl:
-    """Pause/resume the C shim's tape for this thread, if the shim is loaded."""
+    """Pause/resume the C shim's tape for this thread, if the shim is loaded.
+
+    With ``track`` set (record), modules first imported while paused are noted in
+    ``imported``: they are imported by the real network call (``encodings.idna`` for a
+    host name, an async backend on the first connection...), which replay never makes.
+    Their imports list directories and fill the import system's caches off the tape, so
+    replay must import the same modules at the same point, paused too, or every later
+    import lists directories the recording did not (see ``PyTape.take``).
+    """
 
     def __init__(self) -> None:
         self._pause: Any = None
         self._resume: Any = None
+        self.track = False
+        self.imported: list[str] = []
+        self._local = threading.local()
         try:
             me = ctypes.CDLL(None)
             self._pause = me.steno_pause
@@ -66,11 +78,36 @@ class _ShimControl:
         if self._pause is None:
             yield
             return
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        if depth == 0 and self.track:
+            self._local.mark = len(sys.modules)
         self._pause()
         try:
             yield
         finally:
+            if depth == 0 and self.track:
+                self.collect()
+                self._local.mark = None
+            self._local.depth = depth
             self._resume()
+
+    def collect(self) -> None:
+        """Note the modules imported since this thread's outermost pause began."""
+        mark = getattr(self._local, "mark", None)
+        if mark is None:
+            return
+        n = len(sys.modules)
+        if n > mark:
+            self.imported.extend(list(sys.modules)[mark:n])
+        self._local.mark = n
+
+
+def _import_all(names: list[str]) -> None:
+    for name in names:
+        if name not in sys.modules:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
 
 
 class PyTape:
@@ -84,6 +121,7 @@ class PyTape:
         self.lenient = lenient
         self.rules = RedactionRules.from_env()
         self.shim = _ShimControl()
+        self.shim.track = mode == "record"
         self._lock = threading.Lock()
         self._next: dict[str, int] = {}
         self._sock_path = sock_path
@@ -122,7 +160,12 @@ class PyTape:
 
     def commit(self, channel: str, pos: int, entry: dict[str, Any]) -> None:
         """Send a finished entry to the recorder; return once it is durable."""
-        entry = self.rules.scrub(entry)
+        entry = _fit_scrubbed(self.rules.scrub(entry))
+        with self._lock:
+            self.shim.collect()
+            if self.shim.imported:
+                entry = {**entry, "imports": self.shim.imported[:]}
+                self.shim.imported.clear()
         msg = msgpack.packb({"proc": self.proc, "channel": channel, "pos": pos, **entry},
                             use_bin_type=True)
         with self._lock:
@@ -162,10 +205,12 @@ class PyTape:
         with self._lock:
             used = self._used.setdefault(channel, set())
             free = [i for i in range(len(stream)) if i not in used][:MATCH_WINDOW]
-            for i in free:
-                if stream[i].get("fingerprint") == fp:
-                    used.add(i)
-                    return stream[i]
+            found = next((i for i in free if stream[i].get("fingerprint") == fp), None)
+            if found is not None:
+                used.add(found)
+        if found is not None:
+            _import_all(stream[found].get("imports") or [])
+            return stream[found]
         nearest = None
         if free:
             nearest = min(free, key=lambda i: distance(self._req_of(stream[i]), request))
@@ -182,6 +227,7 @@ class PyTape:
             raise ReplayExhausted("\n".join(lines))
         with self._lock:
             self._used[channel].add(nearest)
+        _import_all(stream[nearest].get("imports") or [])
         return stream[nearest]
 
     def _req_of(self, entry: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +247,22 @@ class PyTape:
                 os.close(fd)
         if not self.lenient:
             _stop("\n".join(lines))
+
+
+def _fit_scrubbed(entry: dict[str, Any]) -> dict[str, Any]:
+    """A response body that lost a secret to ``scrub`` is shorter than the wire said: make
+    ``content-length`` and the chunk sizes agree with it, or replay hands the client a
+    truncated body (the chunk boundaries of such a body are not kept)."""
+    resp = entry.get("response")
+    if not isinstance(resp, dict) or not isinstance(resp.get("chunks"), list):
+        return entry
+    body = resp.get("body")
+    size = len(body) if isinstance(body, bytes) else (body or {}).get("size")
+    if not isinstance(size, int) or size == sum(resp["chunks"]):
+        return entry
+    headers = [[k, str(size)] if k.lower() == "content-length" else [k, v]
+               for k, v in resp.get("headers", [])]
+    return {**entry, "response": {**resp, "headers": headers, "chunks": [size] if size else []}}
 
 
 class ReplayExhausted(ConnectionError):
