@@ -206,6 +206,9 @@ def test_clients_recorded_and_replayed_bit_identical(clients: Run) -> None:
     assert clients.rep.returncode == 0, clients.rep.stderr.decode()
     assert clients.rep.stdout == clients.rec.stdout
     assert b"replay bit-identical" in clients.rep.stderr, clients.rep.stderr.decode()
+    # what the real network path imported (off the tape) is on the tape, for replay to import
+    first = clients.exchanges()[0]
+    assert "encodings.idna" in (first.get("imports") or []), first.get("imports")
 
 
 @pytest.mark.parametrize("section", sorted(SECTIONS))
