@@ -480,6 +480,7 @@ static const char *op_name(int ch, int op) {
     case CH_IDENTITY * 16 + OP_GETTID: return "gettid";
     case CH_IDENTITY * 16 + OP_GETHOSTNAME: return "gethostname";
     case CH_IDENTITY * 16 + OP_UNAME: return "uname";
+    case CH_IDENTITY * 16 + OP_PROCINFO: return "procinfo";
     case CH_WAIT * 16 + OP_NANOSLEEP: return "nanosleep";
     case CH_WAIT * 16 + OP_CLOCK_NANOSLEEP: return "clock_nanosleep";
     case CH_WAIT * 16 + OP_SLEEP: return "sleep";
@@ -620,6 +621,7 @@ static void copy_env(char *dst, size_t cap, const char *v) {
 }
 
 static void thread_key_done(void *unused);
+static void procinfo(void);
 
 /* ------------------------------------------------------------------ seccomp
  *
@@ -809,6 +811,7 @@ __attribute__((constructor)) static void shim_init(void) {
     g_mode = m;
     if (m != MODE_OFF) install_filters();
     g_inited = 1;
+    if (m != MODE_OFF) procinfo();
 }
 
 static void final_flush(void) {
@@ -1308,15 +1311,53 @@ static int32_t ident(int op, int32_t live) {
     return live;
 }
 
+/* The pids replay has served. While the tape is paused (a Python hook at work) the
+ * program must still see them, not the live ones: asyncio, for one, checks that the pid
+ * its running loop was started under is still os.getpid(). */
+static pid_t g_vpid, g_vppid;
+
+/* Each process's pid and ppid, taped once as it (or a new image) starts. Replay takes
+ * them before anything else, so the recorded pids are known from the first instruction,
+ * even to code that runs while the tape is paused. A recording without them (an older
+ * one) simply has no such first record. */
+static void procinfo(void) {
+    tls_t *t = me();
+    T.guard++;
+    int32_t v[2] = {(int32_t)RS0(SYS_getpid), (int32_t)RS0(SYS_getppid)};
+    if (g_mode == MODE_RECORD) {
+        rec(t, CH_IDENTITY, OP_PROCINFO, v, 8);
+    } else if (g_mode == MODE_REPLAY) {
+        stream_t *s = &t->st[CH_IDENTITY];
+        if (!s->mapped) map_stream(t, CH_IDENTITY);
+        uint32_t n = 0;
+        if (s->base && s->off + 16 <= s->size) memcpy(&n, s->base + s->off + 4, 4);
+        if (n >= 8 && s->base[s->off + 1] == OP_PROCINFO && s->off + 8 + n <= s->size) {
+            memcpy(&g_vpid, s->base + s->off + 8, 4);
+            memcpy(&g_vppid, s->base + s->off + 12, 4);
+            s->off += 8 + n;
+            s->pos++;
+        }
+    }
+    T.guard--;
+}
+
+static pid_t virtual_pid(pid_t cached, pid_t live) {
+    return g_mode == MODE_REPLAY && cached ? cached : live;
+}
+
 EXPORT pid_t getpid(void) {
     pid_t live = (pid_t)RS0(SYS_getpid);
-    if (!ACTIVE()) return live;
-    return ident(OP_GETPID, live);
+    if (!ACTIVE()) return virtual_pid(g_vpid, live);
+    pid_t v = ident(OP_GETPID, live);
+    if (g_mode == MODE_REPLAY) g_vpid = v;
+    return v;
 }
 EXPORT pid_t getppid(void) {
     pid_t live = (pid_t)RS0(SYS_getppid);
-    if (!ACTIVE()) return live;
-    return ident(OP_GETPPID, live);
+    if (!ACTIVE()) return virtual_pid(g_vppid, live);
+    pid_t v = ident(OP_GETPPID, live);
+    if (g_mode == MODE_REPLAY) g_vppid = v;
+    return v;
 }
 EXPORT pid_t gettid(void) {
     pid_t live = (pid_t)RS0(SYS_gettid);
@@ -1998,6 +2039,8 @@ static void child_path(char *out, size_t cap, uint32_t idx) {
 /* After fork: a new process path, thread 0, empty buffers, own connection, fresh streams. */
 static void after_fork_child(uint32_t idx) {
     char np[256];
+    g_vpid = g_vppid = 0;
+    T.guard++;
     child_path(np, sizeof np, idx);
     memcpy(g_proc, np, s_len(np) + 1);
     g_proclen = (uint16_t)s_len(g_proc);
@@ -2018,6 +2061,8 @@ static void after_fork_child(uint32_t idx) {
         if (b == T.tb) b->tindex = 0;
     }
     for (int c = 0; c < NCH; c++) T.st[c].mapped = 0;
+    T.guard--;
+    procinfo();
 }
 
 EXPORT pid_t fork(void) {

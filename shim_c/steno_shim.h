@@ -45,6 +45,7 @@
 #define OP_GETTID 3
 #define OP_GETHOSTNAME 4 /* u32 size | i32 rc | u32 n | bytes[n] */
 #define OP_UNAME 5       /* i32 rc | struct utsname (390 bytes) */
+#define OP_PROCINFO 6    /* i32 pid | i32 ppid: taped once as each process (or image) starts */
 
 /* wait ops */
 #define OP_NANOSLEEP 1       /* i64 sec | i64 nsec | i32 rc | i32 0 | i64 rem sec | i64 rem nsec */

@@ -255,3 +255,25 @@ def test_changed_directory_is_reported_as_drift_and_served_as_recorded(tmp_path:
     code, rep = replay(tmp_path, steno)
     assert code == 0 and rep["identical"]["stdout"], rep
     assert len(rep["drift"]) == 1 and str(d) in json.dumps(rep["drift"]), rep
+
+
+def test_pid_is_the_recorded_one_even_while_the_tape_is_paused(tmp_path: Path) -> None:
+    """Python hooks pause the tape; code they run (asyncio compares its loop's pid with
+    os.getpid()) must still see the pid the program saw, not the live one."""
+    prog = script(tmp_path, """
+        import asyncio, ctypes, os
+        shim = ctypes.CDLL(None)
+        before = os.getpid()
+        shim.steno_pause()
+        paused = os.getpid(), os.getppid()
+        shim.steno_resume()
+        async def main():
+            shim.steno_pause()
+            try:
+                return asyncio.get_running_loop() is not None
+            finally:
+                shim.steno_resume()
+        print(before, paused, before == paused[0], asyncio.run(main()))
+    """)
+    out = roundtrip(tmp_path, [PY, prog])
+    assert out.split()[-2:] == [b"True", b"True"], out

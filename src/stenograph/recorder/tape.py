@@ -45,7 +45,8 @@ OP_NAMES = {
     (1, 5): "clock", (2, 1): "getrandom", (2, 2): "getentropy", (2, 3): "read(/dev/urandom)",
     (2, 4): "syscall-instruction(getrandom)",
     (3, 1): "opendir", (4, 1): "getpid", (4, 2): "getppid", (4, 3): "gettid",
-    (4, 4): "gethostname", (4, 5): "uname", (5, 1): "nanosleep", (5, 2): "clock_nanosleep",
+    (4, 4): "gethostname", (4, 5): "uname", (4, 6): "procinfo",
+    (5, 1): "nanosleep", (5, 2): "clock_nanosleep",
     (5, 3): "sleep", (5, 4): "usleep", (5, 5): "poll", (5, 6): "select", (5, 7): "epoll_wait",
     (6, 1): "read(pipe)", (6, 2): "poll(pipes)", (6, 3): "waitpid(WNOHANG)",
 }
