@@ -25,8 +25,9 @@ context switch plus a GIL hand-off, all of it serialized by the GIL.
   sleeps again on the GIL's condition variable and must be woken a second time),
   and the leader would pay for every wake-up while it holds the GIL.
 * The leader waits, briefly and only for producers it has reason to expect,
-  before taking its batch: as many as the previous batch held (a closed loop of
-  N producers settles into batches of N), at most ``window_s``, and no longer
+  before taking its batch: as many durable appends as the previous batch held (a
+  closed loop of N producers settles into batches of N; non-durable frames bring
+  no producer back and are not counted), at most ``window_s``, and no longer
   than ``idle_s`` after the last one arrived. Fewer, fuller batches mean fewer
   leader cycles, each of which costs several GIL hand-offs of its own. A lone
   producer expects nobody and never waits.
@@ -92,9 +93,12 @@ class GroupCommit:
         self._last_batch = 0
         self._expect = 0
         self._gate: threading.Lock | None = None
-        """Held by a leader waiting for ``_expect`` queued frames; ``push`` opens it."""
+        """Held by a leader waiting for ``_expect`` durable appends; ``push`` opens it."""
+        self._pending_durable = 0
+        """Queued frames whose producer will wait for them: only those are expected back.
+        Non-durable frames (a recorder's tape chunks) ride along but bring nobody."""
 
-    def push(self, frame: bytes) -> int:
+    def push(self, frame: bytes, durable: bool = True) -> int:
         """Queue one frame as the next LSN. Caller holds ``lock``."""
         if self._error is not None:
             raise self._error
@@ -102,9 +106,11 @@ class GroupCommit:
         self.next_lsn = lsn + 1
         self._pending.append(frame)
         self._pending_bytes += len(frame)
-        if self._gate is not None and len(self._pending) >= self._expect:
-            self._gate.release()
-            self._gate = None
+        if durable:
+            self._pending_durable += 1
+            if self._gate is not None and self._pending_durable >= self._expect:
+                self._gate.release()
+                self._gate = None
         return lsn
 
     def wait(self, lsn: int) -> None:
@@ -204,8 +210,10 @@ class GroupCommit:
                 head[1].release()
             raise
         with self.lock:
+            durable = self._pending_durable
             frames, nbytes = self._take()
-            self._last_batch = len(frames)
+            self._pending_durable = min(durable, len(self._pending))
+            self._last_batch = durable - self._pending_durable
             first = self.synced_lsn + 1
         self._commit((frames, nbytes, first, first + len(frames) - 1))
 
@@ -214,7 +222,7 @@ class GroupCommit:
         s = self.settings
         with self.lock:
             expect = min(self._last_batch, s.batch_cap)
-            seen = len(self._pending)
+            seen = self._pending_durable
             if s.window_s <= 0 or seen >= expect:
                 return
             gate = self._gate = threading.Lock()
@@ -223,7 +231,7 @@ class GroupCommit:
         try:
             deadline = time.monotonic() + s.window_s
             while not gate.acquire(timeout=min(s.idle_s, max(deadline - time.monotonic(), 0))):
-                now = len(self._pending)
+                now = self._pending_durable
                 if now == seen or time.monotonic() >= deadline:
                     break
                 seen = now

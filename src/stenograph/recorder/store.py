@@ -134,7 +134,7 @@ class Store:
 
     def append(self, traj: str, kind: str, body: dict[str, Any], *, durable: bool = True) -> int:
         """Append one event; return its LSN once durable (or at once if not ``durable``)."""
-        lsn = self._enqueue(traj, kind, pack_body(body))
+        lsn = self._enqueue(traj, kind, pack_body(body), durable)
         if durable:
             self._gc.wait(lsn)
         return lsn
@@ -147,12 +147,12 @@ class Store:
 
     def append_packed(self, traj: str, kind: str, body: bytes, *, durable: bool = True) -> int:
         """Append a body that is already msgpack-packed (recorder fast path)."""
-        lsn = self._enqueue(traj, kind, body)
+        lsn = self._enqueue(traj, kind, body, durable)
         if durable:
             self._gc.wait(lsn)
         return lsn
 
-    def _enqueue(self, traj: str, kind: str, body: bytes) -> int:
+    def _enqueue(self, traj: str, kind: str, body: bytes, durable: bool = True) -> int:
         """Assign the next LSN and seq and queue the framed event.
 
         Encoding happens under the commit lock because the LSN is part of the
@@ -173,7 +173,7 @@ class Store:
                 st = self._trajs[traj] = [-1, None, 0]
             lsn = gc.next_lsn
             seq = st[0] + 1
-            gc.push(envelope_frame(self._pack, lsn, traj, seq, st[1], kind, body))
+            gc.push(envelope_frame(self._pack, lsn, traj, seq, st[1], kind, body), durable)
             st[0] = seq
             st[1] = lsn
             st[2] += 1
