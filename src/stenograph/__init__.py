@@ -5,13 +5,11 @@ recorded and replayed (see ``stenograph.interpose.calls``); they are imported on
 first use, so ``import stenograph`` stays cheap for the CLI.
 """
 
-from typing import Any
-
 __version__ = "0.1.0"
 __all__ = ["__version__", "model", "tool"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:  # no typing import: this runs in every taped process
     if name in ("model", "tool"):
         from stenograph.interpose import calls
 

@@ -8,27 +8,43 @@ import os
 import sys
 
 
-def _steno_getenv(name: str) -> "str | None":
-    """The shim hides STENO_* from the environment; ask it, when it is loaded."""
-    import ctypes
+def _exec_settings() -> "tuple[str, str]":
+    """(STENO_MODE, STENO_PYPATH) as this image was started with.
 
+    The shim hides STENO_* from ``environ`` (record and replay must look alike to the
+    program), but the block the kernel laid out at exec still holds them, and at
+    interpreter start-up it is exactly this process's. Reading it costs one small file
+    read; asking the shim through ctypes would cost an import of ctypes (~1.4 ms) in every
+    Python process of the tree. Everything allocated here has the same size in record and
+    replay -- a fixed buffer, and two values of equal length in both modes -- because
+    with ASLR off the program's own allocations must land where they did when recorded.
+    """
+    if "STENO_MODE" in os.environ:  # no shim loaded (tests of the Python layer alone)
+        return os.environ["STENO_MODE"], os.environ.get("STENO_PYPATH", "")
+    buf = bytearray(1 << 18)
     try:
-        fn = ctypes.CDLL(None).steno_getenv
-    except (OSError, AttributeError):
-        return os.environ.get(name)
-    fn.restype = ctypes.c_char_p
-    fn.argtypes = [ctypes.c_char_p]
-    value = fn(name.encode())
-    return None if value is None else value.decode()
+        with open("/proc/self/environ", "rb", buffering=0) as f:
+            n = f.readinto(buf) or 0
+    except OSError:
+        return "", ""
+
+    def value(name: bytes) -> str:
+        at = 0 if buf.startswith(name) else buf.find(b"\0" + name, 0, n) + 1
+        if at == 0 and not buf.startswith(name):
+            return ""
+        end = buf.find(b"\0", at, n)
+        return buf[at + len(name):end if end >= 0 else n].decode()
+
+    return value(b"STENO_MODE="), value(b"STENO_PYPATH=")
 
 
 def _steno_start() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
-    extra = _steno_getenv("STENO_PYPATH") or ""
+    mode, extra = _exec_settings()
     for p in extra.split(os.pathsep):
         if p and p not in sys.path:
             sys.path.append(p)  # after the program's own paths: its packages win
-    if _steno_getenv("STENO_MODE") in ("record", "replay"):
+    if mode in ("record", "replay"):
         # Only the import hook, identical in both modes: the tape itself is built on the
         # first intercepted call, so start-up allocates the same objects in record and
         # replay and, with ASLR off, the program's id()s and address-hashed orders repeat.
