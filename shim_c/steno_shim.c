@@ -2023,6 +2023,65 @@ EXPORT int closedir(DIR *d) {
     return real_closedir(d);
 }
 
+/* glibc's scandir() opens the directory through an internal alias of opendir that this
+ * library cannot interpose, so it is rebuilt here on the wrapped opendir/readdir64:
+ * the listing is taped (and sorted) like any other. Not a hot path: malloc is fine. */
+typedef int (*scan_filter_t)(const struct dirent64 *);
+typedef int (*scan_compar_t)(const struct dirent64 **, const struct dirent64 **);
+
+static int scandir_common(const char *path, struct dirent64 ***out, scan_filter_t filter,
+                          scan_compar_t compar) {
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    struct dirent64 **v = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent64 *e;
+    int err = 0;
+    while ((e = readdir64(d)) != NULL) {
+        if (filter && !filter(e)) continue;
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            struct dirent64 **nv = realloc(v, nc * sizeof *nv);
+            if (!nv) { err = ENOMEM; break; }
+            v = nv;
+            cap = nc;
+        }
+        size_t sz = offsetof(struct dirent64, d_name) + s_len(e->d_name) + 1;
+        struct dirent64 *c = malloc(sz < sizeof *c ? sizeof *c : sz);
+        if (!c) { err = ENOMEM; break; }
+        memcpy(c, e, sz);
+        v[n++] = c;
+    }
+    closedir(d);
+    if (err) {
+        while (n) free(v[--n]);
+        free(v);
+        errno = err;
+        return -1;
+    }
+    if (compar && n > 1)
+        qsort(v, n, sizeof *v, (int (*)(const void *, const void *))compar);
+    *out = v;
+    return (int)n;
+}
+
+EXPORT int scandir64(const char *path, struct dirent64 ***out, scan_filter_t filter,
+                     scan_compar_t compar) {
+    if (!g_mode) {
+        static int (*real)(const char *, struct dirent64 ***, scan_filter_t, scan_compar_t);
+        if (!real) real = dlsym(RTLD_NEXT, "scandir64");
+        return real(path, out, filter, compar);
+    }
+    return scandir_common(path, out, filter, compar);
+}
+
+EXPORT int scandir(const char *path, struct dirent ***out, int (*filter)(const struct dirent *),
+                   int (*compar)(const struct dirent **, const struct dirent **)) {
+    /* on x86_64 struct dirent and struct dirent64 have the same layout */
+    return scandir64(path, (struct dirent64 ***)out, (scan_filter_t)filter,
+                     (scan_compar_t)compar);
+}
+
 /* ------------------------------------------------------------------ threads */
 
 struct tramp { void *(*fn)(void *); void *arg; uint32_t idx; };

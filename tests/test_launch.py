@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -33,3 +34,57 @@ def test_go_binary_is_refused_even_when_dynamically_linked(tmp_path: Path) -> No
     assert len(lines) == 1 and lines[0].startswith("stenograph: error: Go program"), lines
     assert not (tmp_path / "g.steno").exists()
     assert not any(tmp_path.glob(".g.steno.rec*")), "a refused record must leave nothing"
+
+
+SCANDIR_C = r"""
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static int no_dots(const struct dirent *e) { return e->d_name[0] != '.'; }
+int main(int argc, char **argv) {
+    struct dirent **v;
+    int n = scandir(argv[1], &v, no_dots, NULL);   /* no compar: order as listed */
+    if (n < 0) { perror("scandir"); return 1; }
+    for (int i = 0; i < n; i++) { printf("%s ", v[i]->d_name); free(v[i]); }
+    free(v);
+    n = scandir(argv[1], &v, NULL, alphasort);
+    printf("| %d\n", n);
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+    return 0;
+}
+"""
+
+
+def test_scandir_listings_are_taped_sorted_and_checked(tmp_path: Path) -> None:
+    """glibc's scandir() bypasses the opendir wrapper; the shim rebuilds it on the taped
+    calls, so its order is the sorted one in both modes and a changed listing is drift."""
+    gcc = shutil.which("gcc")
+    assert gcc, "gcc is part of the project's build requirements"
+    exe = tmp_path / "scan"
+    src = tmp_path / "scan.c"
+    src.write_text(SCANDIR_C)
+    subprocess.run([gcc, "-O1", "-o", str(exe), str(src)], check=True)
+    d = tmp_path / "d"
+    d.mkdir()
+    for name in ["q", "b", "zz", "a", "m", "k", "c9", "c10"]:
+        (d / name).touch()
+    native = subprocess.run([str(exe), str(d)], capture_output=True, text=True).stdout
+    steno = tmp_path / "scan.steno"
+    rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", str(exe), str(d)],
+                         capture_output=True, text=True, timeout=60)
+    assert rec.returncode == 0, rec.stderr
+    assert rec.stdout == "a b c10 c9 k m q zz | 10\n"  # sorted by name, not disk order
+    assert sorted(native.split("|")[0].split()) == rec.stdout.split("|")[0].split()
+    rep = subprocess.run([*CLI, "replay", str(steno)], capture_output=True, text=True,
+                         timeout=60)
+    assert rep.returncode == 0, rep.stderr
+    assert rep.stdout == rec.stdout
+    (d / "zz").unlink()
+    (d / "new").touch()  # same count, other names: reported, served as recorded
+    rep = subprocess.run([*CLI, "replay", str(steno), "--json"], capture_output=True,
+                         text=True, timeout=60)
+    report = json.loads(rep.stdout.splitlines()[-1])
+    assert any(x["channel"] == "dirents" for x in report["drift"]), report
+    assert report["identical"]["stdout"], report
