@@ -48,3 +48,12 @@ def error_body(exc: BaseException) -> dict[str, Any]:
 
 def response_headers(tape: PyTape, items: list[tuple[str, str]]) -> list[list[str]]:
     return tape.rules.header_items(items)
+
+
+def split_chunks(body: bytes, sizes: list[int]) -> list[bytes]:
+    """A recorded body cut back into the chunks it arrived in (SSE replays chunk by chunk)."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(body[at:at + n])
+        at += n
+    return out

@@ -20,7 +20,13 @@ from types import ModuleType
 from typing import Any
 from urllib.parse import urlencode
 
-from stenograph.interpose.exchange import classify, describe, error_body, response_headers
+from stenograph.interpose.exchange import (
+    classify,
+    describe,
+    error_body,
+    response_headers,
+    split_chunks,
+)
 from stenograph.interpose.pytape import PyTape, ReplayExhausted, current
 
 
@@ -87,13 +93,6 @@ def install(client: ModuleType) -> None:
             return aiohttp.ServerTimeoutError(err["message"])
         return aiohttp.ClientConnectionError(err["message"])
 
-    def _split(body: bytes, sizes: list[int]) -> list[bytes]:
-        out, at = [], 0
-        for n in sizes:
-            out.append(body[at:at + n])
-            at += n
-        return out
-
     def _response(session: Any, method: str, url: Any, headers: list[list[str]],
                   status: int, reason: str | None, chunks: list[bytes]) -> Any:
         loop = _loop_of(session)
@@ -137,7 +136,7 @@ def install(client: ModuleType) -> None:
             r = entry.get("response")
             if r is None:
                 raise _error(entry["error"])
-            chunks = _split(tape.resolve(r["body"]), r["chunks"])
+            chunks = split_chunks(tape.resolve(r["body"]), r["chunks"])
             resp = _response(session, method.upper(), URL(str(url)), r["headers"], r["status"],
                              r.get("reason"), chunks)
             if kwargs.get("raise_for_status") or (

@@ -18,7 +18,13 @@ from collections.abc import AsyncIterator, Iterator
 from types import ModuleType
 from typing import Any
 
-from stenograph.interpose.exchange import classify, describe, error_body, response_headers
+from stenograph.interpose.exchange import (
+    classify,
+    describe,
+    error_body,
+    response_headers,
+    split_chunks,
+)
 from stenograph.interpose.pytape import PyTape, ReplayExhausted, current
 
 
@@ -56,14 +62,6 @@ class _Entry:
             },
             "error": self.error,
         })
-
-
-def _split(body: bytes, sizes: list[int]) -> list[bytes]:
-    out, at = [], 0
-    for n in sizes:
-        out.append(body[at:at + n])
-        at += n
-    return out
 
 
 def _raise_recorded(mod: ModuleType, err: dict[str, Any], request: Any) -> None:
@@ -163,7 +161,7 @@ def install(mod: ModuleType) -> None:
         resp = entry.get("response")
         if resp is None:
             _raise_recorded(mod, entry["error"], request)
-        chunks = _split(tape.resolve(resp["body"]), resp["chunks"])
+        chunks = split_chunks(tape.resolve(resp["body"]), resp["chunks"])
         return mod.Response(
             status_code=resp["status"],
             headers=[(k, v) for k, v in resp["headers"]],

@@ -12,8 +12,6 @@ per-process files the hooks serve from, and copies the blobs they reference.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import socket
 import threading
 from collections.abc import Iterable
@@ -24,6 +22,7 @@ import msgpack
 
 from stenograph.recorder.blobs import BlobStore, blob_refs
 from stenograph.recorder.codec import Event
+from stenograph.recorder.seqpacket import SeqpacketServer
 
 MAX_MESSAGE = 1 << 20
 
@@ -34,61 +33,24 @@ class ExchangeServer:
     def __init__(self, store: Any, traj: str, sock_path: str | Path) -> None:
         self.store = store
         self.traj = traj
-        self.path = str(sock_path)
         self.count = 0
-        self.errors: list[str] = []
         self._lock = threading.Lock()
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._listener.bind(self.path)
-        self._listener.listen(64)
-        self._threads: list[threading.Thread] = []
-        self._conns: list[socket.socket] = []
-        self._closing = False
-        self._accept = threading.Thread(target=self._accept_loop, name="steno-exchanges",
-                                        daemon=True)
-        self._accept.start()
+        self._server = SeqpacketServer(sock_path, self._handle, name="steno-exchanges",
+                                       max_message=MAX_MESSAGE, stop_on_error=True)
+        self.path = self._server.path
+        self.errors = self._server.errors
 
-    def _accept_loop(self) -> None:
-        while not self._closing:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            self._conns.append(conn)
-            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            self._threads.append(t)
-            t.start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            while True:
-                try:
-                    msg = conn.recv(MAX_MESSAGE)
-                except OSError:
-                    return
-                if not msg:
-                    return
-                try:
-                    body = msgpack.unpackb(msg, raw=False, strict_map_key=False)
-                    if not isinstance(body, dict):
-                        raise ValueError("exchange message is not a map")
-                    self.store.append(self.traj, "Exchange", body, durable=True)
-                    with self._lock:
-                        self.count += 1
-                    conn.sendall(b"\x01")
-                except Exception as exc:  # report, and let the client fail
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
-                    return
+    def _handle(self, conn: socket.socket, msg: bytes) -> None:
+        body = msgpack.unpackb(msg, raw=False, strict_map_key=False)
+        if not isinstance(body, dict):
+            raise ValueError("exchange message is not a map")
+        self.store.append(self.traj, "Exchange", body, durable=True)
+        with self._lock:  # one thread per connected process
+            self.count += 1
+        conn.sendall(b"\x01")
 
     def close(self) -> None:
-        self._closing = True
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        for t in self._threads:
-            t.join(timeout=5)
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        self._server.close()
 
 
 def prepare_py_tape(events: Iterable[Event], tape_dir: str | Path,

@@ -14,9 +14,7 @@ order -- which the shim maps and serves.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import socket
 import struct
@@ -28,6 +26,7 @@ from typing import Any
 
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import CorruptLog
+from stenograph.recorder.seqpacket import SeqpacketServer
 
 MAGIC = b"STP1"
 MSG_DATA, MSG_BARRIER, MSG_EXIT = 1, 2, 3
@@ -131,52 +130,12 @@ class RecordSession:
     def __init__(self, store: Any, traj: str, sock_path: str | Path) -> None:
         self.store = store
         self.traj = traj
-        self.sock_path = str(sock_path)
         self.stats = SessionStats()
         self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._open_conns = 0
-        self._idle = threading.Condition(self._lock)
-        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._srv.bind(self.sock_path)
-        self._srv.listen(128)
-        self._closing = False
-        self._acceptor = threading.Thread(target=self._accept, name="steno-accept", daemon=True)
-        self._acceptor.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._srv.accept()
-            except OSError:
-                return
-            with self._lock:
-                self._open_conns += 1
-            with contextlib.suppress(OSError):
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            self._threads.append(t)
-            t.start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            while True:
-                try:
-                    msg = conn.recv(MAX_MESSAGE)
-                except OSError:
-                    return
-                if not msg:
-                    return
-                try:
-                    self._handle(conn, msg)
-                except Exception as exc:  # a bad message is reported, not fatal to others
-                    with self._lock:
-                        self.stats.errors.append(f"{type(exc).__name__}: {exc}")
-        finally:
-            conn.close()
-            with self._lock:
-                self._open_conns -= 1
-                self._idle.notify_all()
+        self._server = SeqpacketServer(sock_path, self._handle, name="steno-accept",
+                                       max_message=MAX_MESSAGE, rcvbuf=4 << 20)
+        self.sock_path = self._server.path
+        self.stats.errors = self._server.errors
 
     def _handle(self, conn: socket.socket, msg: bytes) -> None:
         if len(msg) < HEADER.size:
@@ -211,13 +170,7 @@ class RecordSession:
 
     def close(self, *, grace: float = 2.0) -> SessionStats:
         """Stop accepting; wait up to ``grace`` seconds for open connections to end."""
-        with self._lock:
-            self._idle.wait_for(lambda: self._open_conns == 0, timeout=grace)
-        self._srv.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.sock_path)
-        for t in list(self._threads):
-            t.join(timeout=0.5)
+        self._server.close(grace)
         self.store.flush()
         return self.stats
 
