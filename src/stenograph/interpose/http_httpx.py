@@ -44,6 +44,11 @@ class _Entry:
         self.error: dict[str, Any] | None = None
         self.done = False
 
+    def failed(self, exc: BaseException) -> None:
+        """The wire broke mid-body: keep the chunks so far and what went wrong."""
+        self.error = error_body(exc)
+        self.finish(complete=False)
+
     def finish(self, complete: bool) -> None:
         if self.done:
             return
@@ -91,8 +96,7 @@ def install(mod: ModuleType) -> None:
                     except StopIteration:
                         break
                     except Exception as exc:
-                        self.entry.error = error_body(exc)
-                        self.entry.finish(complete=False)
+                        self.entry.failed(exc)
                         raise
                     self.entry.chunks.append(chunk)
                 yield chunk
@@ -117,8 +121,7 @@ def install(mod: ModuleType) -> None:
                     except StopAsyncIteration:
                         break
                     except Exception as exc:
-                        self.entry.error = error_body(exc)
-                        self.entry.finish(complete=False)
+                        self.entry.failed(exc)
                         raise
                     self.entry.chunks.append(chunk)
                 yield chunk
