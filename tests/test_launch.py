@@ -88,3 +88,23 @@ def test_scandir_listings_are_taped_sorted_and_checked(tmp_path: Path) -> None:
     report = json.loads(rep.stdout.splitlines()[-1])
     assert any(x["channel"] == "dirents" for x in report["drift"]), report
     assert report["identical"]["stdout"], report
+
+
+def test_replay_that_is_not_bit_identical_exits_1(tmp_path: Path) -> None:
+    """No stream diverges (echo reads nothing from the tape), but the replayed command
+    prints other bytes: a script or CI step must not take that for a pass."""
+    steno = tmp_path / "e.steno"
+    rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", "echo", "one"],
+                         capture_output=True, timeout=60)
+    assert rec.returncode == 0, rec.stderr
+    same = subprocess.run([*CLI, "replay", str(steno)], capture_output=True, timeout=60)
+    assert same.returncode == 0, same.stderr
+    other = subprocess.run([*CLI, "replay", str(steno), "--", "echo", "two"],
+                           capture_output=True, text=True, timeout=60)
+    assert other.returncode == 1, other.stderr
+    assert "stdout differs" in other.stderr
+    assert other.stderr.strip().splitlines()[-1].startswith("stenograph: error: replay is not")
+    js = subprocess.run([*CLI, "replay", str(steno), "--json", "--", "echo", "two"],
+                        capture_output=True, text=True, timeout=60)
+    assert js.returncode == 1
+    assert json.loads(js.stdout)["identical"]["stdout"] is False

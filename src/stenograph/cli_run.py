@@ -9,7 +9,9 @@ The run is recorded into a store beside the output and synced at least every
 
 replay: prepares the tape from the file, re-runs the recorded command (or the one given)
 with the shim serving every recorded value, and reports either the divergences the shim
-found (exit 1) or whether stdout, stderr and the exit status were bit-identical (exit 0).
+found (exit 1) or whether stdout, stderr and the exit status were bit-identical (exit 0;
+a replay that is not bit-identical exits 1 too, so a script or CI step cannot take it for
+a pass).
 """
 
 from __future__ import annotations
@@ -242,6 +244,11 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool,
         if not as_json:
             raise ReplayDiverged(f"replay diverged ({len(report['divergences'])} divergence(s))",
                                  file)
+        sys.exit(ReplayDiverged.exit_code)
+    if not all(report["identical"].values()):
+        different = ", ".join(k for k, v in report["identical"].items() if not v)
+        if not as_json:
+            raise ReplayDiverged(f"replay is not bit-identical ({different} differ)", file)
         sys.exit(ReplayDiverged.exit_code)
 
 
