@@ -184,6 +184,134 @@ def test_openai_async(srv: ModelServer) -> None:
     assert whole == streamed == "Let me look around."
 
 
+# --------------------------------------------------------------------------- responses
+
+TOOLS_RESPONSES: list[Any] = [
+    {
+        "type": "function",
+        "name": "list_dir",
+        "description": "List a directory.",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+        },
+    }
+]
+
+
+def test_responses_sync_tool_calls_then_answer(srv: ModelServer) -> None:
+    client = oai(srv)
+    r = client.responses.create(model="gpt-test", input="what is here?", tools=TOOLS_RESPONSES)
+    assert r.id.startswith("resp_") and r.object == "response" and r.status == "completed"
+    assert r.model == "gpt-test" and r.output_text == "Let me look around."
+    assert [o.type for o in r.output] == ["message", "function_call", "function_call"]
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert [json.loads(c.arguments) for c in calls] == [{"path": "."}, {"path": "src/stenograph"}]
+    assert all(c.call_id.startswith("call_") and (c.id or "").startswith("fc_") for c in calls)
+    assert calls[0].call_id != calls[1].call_id
+    assert r.usage is not None and r.usage.total_tokens == (
+        r.usage.input_tokens + r.usage.output_tokens
+    )
+    assert [t.name for t in r.tools if t.type == "function"] == ["list_dir"]
+
+    # The whole turn (message + two calls) sent back is one assistant turn: turn 2.
+    history: list[Any] = [
+        {"role": "user", "content": "what is here?"},
+        *(o.model_dump(exclude_none=True) for o in r.output),
+        *({"type": "function_call_output", "call_id": c.call_id, "output": "a"} for c in calls),
+    ]
+    r2 = client.responses.create(model="gpt-test", input=history, tools=TOOLS_RESPONSES)
+    assert r2.output_text == "Two directories, both fine. Done."
+    assert [o.type for o in r2.output] == ["message"]
+
+    # previous_response_id carries the earlier turns: the same answer without them.
+    outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": "a"} for c in calls]
+    r3 = client.responses.create(model="gpt-test", input=outputs, previous_response_id=r.id)
+    assert r3.output_text == r2.output_text and r3.previous_response_id == r.id
+    with pytest.raises(openai.BadRequestError, match="not found"):
+        client.responses.create(model="m", input="x", previous_response_id="resp_nope")
+
+
+def test_responses_stream_events_match_non_stream(srv: ModelServer) -> None:
+    client = oai(srv)
+    whole = client.responses.create(model="m", input=USER, tools=TOOLS_RESPONSES)
+    events = list(
+        client.responses.create(model="m", input=USER, tools=TOOLS_RESPONSES, stream=True)
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert (
+        kinds.count("response.output_item.added") == kinds.count("response.output_item.done") == 3
+    )
+    assert kinds.count("response.output_text.delta") > 1
+    assert kinds.count("response.function_call_arguments.done") == 2
+    i = kinds.index("response.output_text.done")
+    assert kinds[i : i + 3] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
+    created, done = events[0], events[-1]
+    assert created.type == "response.created" and created.response.status == "in_progress"
+    assert created.response.output == [] and created.response.usage is None
+    assert done.type == "response.completed" and done.response.usage is not None
+    # Ids hash the request, stream flag included (as for chat); the rest is equal.
+    ids = {"id", "created_at", "output"}
+    assert done.response.model_dump(exclude=ids) == whole.model_dump(exclude=ids)
+    strip = {"id", "call_id"}
+    assert [o.model_dump(exclude=strip) for o in done.response.output] == [
+        o.model_dump(exclude=strip) for o in whole.output
+    ]
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    want = [o for o in whole.output if o.type == "function_call"]
+    assert args == "".join(c.arguments for c in want)
+    added = [e.item for e in events if e.type == "response.output_item.added"]
+    assert [a.id for a in added] == [o.id for o in done.response.output]
+
+    # The SDK's own accumulator (client.responses.stream) agrees.
+    with client.responses.stream(model="m", input=USER, tools=TOOLS_RESPONSES) as s:
+        deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+        final = s.get_final_response()
+    assert "".join(deltas) == final.output_text == "Let me look around."
+    fcalls = [o for o in final.output if o.type == "function_call"]
+    assert [c.arguments for c in fcalls] == [c.arguments for c in want]
+
+
+def test_responses_async_stream(srv: ModelServer) -> None:
+    async def go() -> tuple[str, str]:
+        client = openai.AsyncOpenAI(base_url=srv.openai_base_url, api_key="k")
+        async with client:
+            r = await client.responses.create(model="m", input="hi")
+            stream = await client.responses.create(model="m", input="hi", stream=True)
+            parts = [e.delta async for e in stream if e.type == "response.output_text.delta"]
+        return r.output_text, "".join(parts)
+
+    whole, streamed = asyncio.run(go())
+    assert whole == streamed == "Let me look around."
+
+
+def test_responses_seeded_tool_call_follows_the_schema() -> None:
+    with ModelServer(seed=3) as s:
+        client = oai(s)
+        outs = [
+            client.responses.create(model="m", input=f"q{i}", tools=TOOLS_RESPONSES).output
+            for i in range(12)
+        ]
+    calls = [o for out in outs for o in out if o.type == "function_call"]
+    assert calls and any(o.type == "message" for out in outs for o in out)
+    assert all(isinstance(json.loads(c.arguments)["path"], str) for c in calls)
+
+
 # --------------------------------------------------------------------------- anthropic
 
 
@@ -396,6 +524,16 @@ def test_same_request_same_bytes(http: httpx.Client, path: str, stream: bool) ->
         assert again.headers == first.headers
     with ModelServer(script=SCRIPT, live_ids=True) as live:
         assert _raw(http, live.url + path, body).content != first.content, "--live-ids"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_same_request_same_bytes(http: httpx.Client, stream: bool) -> None:
+    body = {"model": "m", "input": USER, "tools": TOOLS_RESPONSES, "stream": stream}
+    with ModelServer(script=SCRIPT) as a, ModelServer(script=SCRIPT) as b:
+        first = _raw(http, a.url + "/v1/responses", body)
+        assert _raw(http, b.url + "/v1/responses", body).content == first.content
+    with ModelServer(script=SCRIPT, live_ids=True) as live:
+        assert _raw(http, live.url + "/v1/responses", body).content != first.content
 
 
 def test_seeded_replies_are_deterministic(http: httpx.Client) -> None:

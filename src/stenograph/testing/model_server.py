@@ -1,5 +1,6 @@
-"""A loopback model server for demos and tests: OpenAI chat completions and Anthropic
-messages, scripted or seeded, streaming and not, with failure knobs.
+"""A loopback model server for demos and tests: OpenAI chat completions, the OpenAI
+Responses API and Anthropic messages, scripted or seeded, streaming and not, with
+failure knobs.
 
 Why it exists: stenograph records what crosses the HTTP seam of an agent and replays
 it offline. Testing that honestly needs the *official* SDKs talking real HTTP/1.1
@@ -12,8 +13,11 @@ compared with one made tomorrow. So:
   the request; no ``Date`` header is sent. ``live_ids=True`` (``--live-ids``) brings
   back random ids and the wall clock, for showing what replay has to cope with.
 * **Scripted or seeded.** A script is a list of turns (text and/or tool calls).
-  The turn served is the number of assistant messages already in the request, so a
-  conversation walks the script in order and a replayed request gets the same turn.
+  The turn served is the number of assistant messages already in the request (for
+  the Responses API: the number of runs of model output items, messages and
+  function calls, in ``input``, plus those of the ``previous_response_id`` chain),
+  so a conversation walks the script in order and a replayed request gets the same
+  turn.
   Without a script, a reply is derived from a hash of the request and the seed
   (sometimes a call of one of the offered tools, with arguments built from its
   schema, on the first turn; otherwise a sentence).
@@ -26,6 +30,8 @@ compared with one made tomorrow. So:
 Routes::
 
     POST /v1/chat/completions   OpenAI chat completions (``"stream": true`` -> SSE)
+    POST /v1/responses          OpenAI Responses API (``"stream": true`` -> SSE events:
+                                response.created ... response.completed)
     GET  /v1/models[/ID]        OpenAI model list / model
     POST /v1/messages           Anthropic messages (``"stream": true`` -> SSE events)
     *    /echo                  the request as JSON: method, path, query, headers, body
@@ -325,7 +331,8 @@ def _tools_offered(req: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]
         if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
             out.append((fn["name"], fn.get("parameters") or {}))
         elif isinstance(t.get("name"), str):
-            out.append((t["name"], t.get("input_schema") or {}))
+            # Anthropic says input_schema; a Responses API function tool, parameters
+            out.append((t["name"], t.get("input_schema") or t.get("parameters") or {}))
     return out
 
 
@@ -564,6 +571,188 @@ def anthropic_stream(req: Mapping[str, Any], turn: Turn, ident: _Ident) -> Itera
     yield event({"type": "message_stop"})
 
 
+# ------------------------------------------------------------- OpenAI Responses API
+
+_MODEL_OUTPUT_TYPES = frozenset(
+    {"function_call", "reasoning", "custom_tool_call", "web_search_call", "file_search_call"}
+)
+"""Input item types that are the model's own output sent back (with assistant messages)."""
+
+
+def responses_turns_in(items: Any) -> int:
+    """How many assistant turns a Responses API ``input`` holds.
+
+    One turn of the model can be several items (a message and three function calls),
+    so a turn is a maximal run of model-output items; the function_call_output or user
+    message that follows ends it. This is what makes the turn index of a Responses
+    conversation agree with the chat one (one assistant message per turn).
+    """
+    if not isinstance(items, list):
+        return 0
+    turns, in_run = 0, False
+    for it in items:
+        if not isinstance(it, Mapping):
+            continue
+        out = it.get("role") == "assistant" or it.get("type") in _MODEL_OUTPUT_TYPES
+        if out and not in_run:
+            turns += 1
+        in_run = out
+    return turns
+
+
+def _responses_tools(req: Mapping[str, Any]) -> list[Any]:
+    """The request's tools as the API echoes them: function tools with their defaults."""
+    tools = req.get("tools")
+    if not isinstance(tools, list):
+        return []
+    out: list[Any] = []
+    for t in tools:
+        if isinstance(t, Mapping) and t.get("type") == "function":
+            out.append(
+                {
+                    "type": "function",
+                    "name": t.get("name"),
+                    "description": t.get("description"),
+                    "parameters": t.get("parameters"),
+                    "strict": t.get("strict", True),
+                }
+            )
+        else:
+            out.append(t)
+    return out
+
+
+def _responses_items(turn: Turn, ident: _Ident) -> list[dict[str, Any]]:
+    """The finished output items of a turn: a message (if any text), then function calls."""
+    items: list[dict[str, Any]] = []
+    if turn.text:
+        items.append(
+            {
+                "id": f"msg_{ident.sub('msg')}",
+                "type": "message",
+                "status": "completed",
+                "role": "assistant",
+                "content": [
+                    {"type": "output_text", "text": turn.text, "annotations": [], "logprobs": []}
+                ],
+            }
+        )
+    for i, c in enumerate(turn.tool_calls):
+        items.append(
+            {
+                "id": f"fc_{ident.sub(f'fc{i}')}",
+                "type": "function_call",
+                "status": "completed",
+                "call_id": c.id or f"call_{ident.sub(f'call{i}')}",
+                "name": c.name,
+                "arguments": c.arguments,
+            }
+        )
+    return items
+
+
+def responses_body(
+    req: Mapping[str, Any], turn: Turn, ident: _Ident, *, final: bool = True
+) -> dict[str, Any]:
+    """A Response object; ``final=False`` is the in-progress one a stream starts with."""
+    prompt = _tokens(json.dumps([req.get("instructions"), req.get("input")], sort_keys=True))
+    completion = _tokens(turn.text + "".join(c.arguments for c in turn.tool_calls))
+    text = req.get("text") if isinstance(req.get("text"), Mapping) else {}
+    reasoning = req.get("reasoning") if isinstance(req.get("reasoning"), Mapping) else {}
+    return {
+        "id": f"resp_{ident.sub('id')}",
+        "object": "response",
+        "created_at": ident.created,
+        "status": "completed" if final else "in_progress",
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": req.get("instructions"),
+        "max_output_tokens": req.get("max_output_tokens"),
+        "max_tool_calls": req.get("max_tool_calls"),
+        "model": str(req.get("model", "")),
+        "output": _responses_items(turn, ident) if final else [],
+        "parallel_tool_calls": req.get("parallel_tool_calls", True),
+        "previous_response_id": req.get("previous_response_id"),
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+        "service_tier": "default",
+        "store": req.get("store", True),
+        "temperature": req.get("temperature", 1.0),
+        "text": {"format": {"type": "text"}, **text},
+        "tool_choice": req.get("tool_choice", "auto"),
+        "tools": _responses_tools(req),
+        "top_p": req.get("top_p", 1.0),
+        "truncation": req.get("truncation", "disabled"),
+        "usage": (
+            {
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": completion,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt + completion,
+            }
+            if final
+            else None
+        ),
+        "user": req.get("user"),
+        "metadata": req.get("metadata") or {},
+    }
+
+
+def responses_stream(req: Mapping[str, Any], turn: Turn, ident: _Ident) -> Iterator[bytes]:
+    """SSE events in the order of the real API: response.created, response.in_progress,
+    then per output item: output_item.added, (message) content_part.added,
+    output_text.delta..., output_text.done, content_part.done, or (function call)
+    function_call_arguments.delta..., function_call_arguments.done; output_item.done;
+    and response.completed carrying the whole response with its usage. Every event has
+    a ``sequence_number`` counting from 0."""
+    seq = 0
+
+    def event(obj: dict[str, Any]) -> bytes:
+        nonlocal seq
+        obj = {"type": obj["type"], "sequence_number": seq, **obj}
+        seq += 1
+        return b"event: %s\ndata: %s\n\n" % (obj["type"].encode(), json.dumps(obj).encode())
+
+    full = responses_body(req, turn, ident)
+    start = responses_body(req, turn, ident, final=False)
+    yield event({"type": "response.created", "response": start})
+    yield event({"type": "response.in_progress", "response": start})
+    for n, item in enumerate(full["output"]):
+        where = {"item_id": item["id"], "output_index": n}
+        if item["type"] == "message":
+            added = dict(item, status="in_progress", content=[])
+            yield event({"type": "response.output_item.added", "output_index": n, "item": added})
+            part = item["content"][0]
+            at = {**where, "content_index": 0}
+            empty = dict(part, text="")
+            yield event({"type": "response.content_part.added", **at, "part": empty})
+            for piece in _pieces(part["text"]):
+                yield event(
+                    {"type": "response.output_text.delta", **at, "delta": piece, "logprobs": []}
+                )
+            yield event(
+                {"type": "response.output_text.done", **at, "text": part["text"], "logprobs": []}
+            )
+            yield event({"type": "response.content_part.done", **at, "part": part})
+        else:
+            added = dict(item, status="in_progress", arguments="")
+            yield event({"type": "response.output_item.added", "output_index": n, "item": added})
+            for piece in _pieces(item["arguments"], 12):
+                delta = {"type": "response.function_call_arguments.delta", **where, "delta": piece}
+                yield event(delta)
+            yield event(
+                {
+                    "type": "response.function_call_arguments.done",
+                    **where,
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                }
+            )
+        yield event({"type": "response.output_item.done", "output_index": n, "item": item})
+    yield event({"type": "response.completed", "response": full})
+
+
 # --------------------------------------------------------------------------- HTTP
 
 
@@ -771,7 +960,9 @@ class _Handler(BaseHTTPRequestHandler):
             if ms:
                 self._knobs = replace(self._knobs, chunk_delay_ms=ms)
             self._stream((b"chunk %d\n" % i for i in range(n)), "text/plain; charset=utf-8")
-        elif api in ("/chat/completions", "/messages", "/models") or api.startswith("/models/"):
+        elif api in ("/chat/completions", "/responses", "/messages", "/models") or api.startswith(
+            "/models/"
+        ):
             if not (headers.get("authorization") or headers.get("x-api-key")):
                 msg = "missing credentials: send an Authorization or x-api-key header"
                 kind = "authentication_error" if api == "/messages" else "invalid_request_error"
@@ -792,6 +983,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _complete(self, path: str, api: str, body: bytes) -> None:
         app = self.server.app
+        if api == "/responses":
+            self._respond(path, body)
+            return
         try:
             req = json.loads(body)
             if not isinstance(req, dict) or not isinstance(req.get("messages"), list):
@@ -812,6 +1006,36 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             obj = (anthropic_body if anthropic else openai_body)(req, turn, ident)
             self._send_json(200, obj, x_request_id=request_id)
+
+    def _respond(self, path: str, body: bytes) -> None:
+        """``POST /v1/responses``: ``input`` is a string (one user message) or a list of
+        items; ``previous_response_id`` continues a response this server made."""
+        app = self.server.app
+        try:
+            req = json.loads(body)
+            if not isinstance(req, dict) or not isinstance(req.get("input"), str | list):
+                raise ValueError("the body must be a JSON object with an 'input' string or list")
+            prev = req.get("previous_response_id")
+            earlier = 0
+            if prev is not None:
+                found = app._response_turns.get(prev) if isinstance(prev, str) else None
+                if found is None:
+                    raise ValueError(f"previous response {prev!r} not found")
+                earlier = found
+        except ValueError as e:
+            self._send_json(400, self._error_body(path, str(e), "invalid_request_error"))
+            return
+        turn_index = earlier + responses_turns_in(req["input"])
+        turn = app.turn_for(req, turn_index)
+        ident = app.ident(path, req)
+        with app._lock:
+            app._response_turns[f"resp_{ident.sub('id')}"] = turn_index + 1
+        request_id = f"req_{ident.sub('request')}"
+        if req.get("stream"):
+            events = responses_stream(req, turn, ident)
+            self._stream(events, "text/event-stream; charset=utf-8", x_request_id=request_id)
+        else:
+            self._send_json(200, responses_body(req, turn, ident), x_request_id=request_id)
 
 
 def _echo(
@@ -862,6 +1086,8 @@ class ModelServer:
         self._lock = threading.Lock()
         self._requests: list[ReceivedRequest] = []
         self._attempts: dict[str, int] = {}
+        self._response_turns: dict[str, int] = {}
+        """Responses API: response id -> turns up to and including it (previous_response_id)."""
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -934,6 +1160,7 @@ class ModelServer:
         with self._lock:
             self._requests.clear()
             self._attempts.clear()
+            self._response_turns.clear()
 
     def _received(
         self,
