@@ -14,7 +14,12 @@ setup(
         Extension(
             "stenograph._shim",
             sources=["shim_c/steno_shim.c"],
-            depends=["shim_c/steno_shim.h"],
+            # a unity build: steno_shim.c #includes these parts
+            depends=[f"shim_c/{name}" for name in (
+                "steno_shim.h", "shim.h", "core.c", "clock.c", "entropy.c", "io.c",
+                "identity.c", "wait.c", "dirents.c", "threads.c", "seccomp.c", "init.c",
+                "proc.c", "syscall.c", "pyctl.c",
+            )],
             include_dirs=["shim_c"],
             extra_compile_args=[
                 "-O2",

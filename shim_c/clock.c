@@ -1,0 +1,142 @@
+/* Channel clock: clock_gettime, gettimeofday, time, timespec_get, clock. */
+
+typedef struct { int32_t arg; int32_t rc; int64_t a; int64_t b; } clockrec_t;
+
+/* The hot path of record mode: one fixed-size clock record appended to this thread's
+ * buffer with constant-size copies the compiler inlines; anything unusual (no buffer
+ * yet, buffer full, past the exit flush) takes the general path. */
+static inline void rec_clock(tls_t *t, int op, const clockrec_t *r) {
+    tbuf_t *b = t->tb;
+    if (LIKELY(b != NULL) && LIKELY(!g_final)) {
+        spin_lock(&b->lock);
+        if (LIKELY(b->len + 8 + sizeof *r <= BUFCAP)) {
+            unsigned char *w = b->data + b->len;
+            uint32_t head = (uint32_t)CH_CLOCK | (uint32_t)op << 8, n = sizeof *r;
+            memcpy(w, &head, 4);
+            memcpy(w + 4, &n, 4);
+            memcpy(w + 8, r, sizeof *r);
+            b->len += 8 + sizeof *r;
+            spin_unlock(&b->lock);
+            return;
+        }
+        spin_unlock(&b->lock);
+    }
+    rec(t, CH_CLOCK, op, r, sizeof *r);
+}
+
+/* Last value served per clock id (replay). Absolute deadlines a program computes from
+ * served clocks are in the recording's time; waits that libc times against the real
+ * clock (condition variables, semaphores) get them translated, or they would expire at
+ * once (or never) and change how often the program reads its clocks. */
+static int64_t g_served_ns[16];
+
+EXPORT int clock_gettime(clockid_t id, struct timespec *ts) {
+    if (UNLIKELY(!real_clock_gettime)) RESOLVE(clock_gettime);
+    if (!CLOCK_ACTIVE()) return real_clock_gettime(id, ts);
+    tls_t *t = me();
+    int32_t arg = (int32_t)id;
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_CLOCK, OP_CLOCK_GETTIME, &arg, 4, &n);
+        if (LIKELY(p != NULL)) {
+            clockrec_t r;
+            memcpy(&r, p, sizeof r);
+            if (r.rc) { errno = -r.rc; return -1; }
+            ts->tv_sec = r.a;
+            ts->tv_nsec = r.b;
+            if ((unsigned)id < 16) g_served_ns[id] = r.a * 1000000000LL + r.b;
+            return 0;
+        }
+        return real_clock_gettime(id, ts);
+    }
+    int rc = real_clock_gettime(id, ts);
+    clockrec_t r = {arg, rc ? -errno : 0, rc ? 0 : ts->tv_sec, rc ? 0 : ts->tv_nsec};
+    rec_clock(t, OP_CLOCK_GETTIME, &r);
+    return rc;
+}
+EXPORT int __clock_gettime(clockid_t id, struct timespec *ts) { return clock_gettime(id, ts); }
+
+/* Shared path for the clock ops that are not clock_gettime. */
+static int clock_other(int op, int32_t arg, int64_t *a, int64_t *b, int *served) {
+    tls_t *t = me();
+    *served = 0;
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_CLOCK, op, &arg, 4, &n);
+        if (p) {
+            clockrec_t r;
+            memcpy(&r, p, sizeof r);
+            *a = r.a;
+            *b = r.b;
+            *served = 1;
+            return r.rc;
+        }
+        return 0;
+    }
+    return 0;
+}
+
+static void clock_rec(int op, int32_t arg, int32_t rc, int64_t a, int64_t b) {
+    clockrec_t r = {arg, rc, a, b};
+    rec(me(), CH_CLOCK, op, &r, sizeof r);
+}
+
+EXPORT int gettimeofday(struct timeval *tv, void *tz) {
+    RESOLVE(gettimeofday);
+    if (!CLOCK_ACTIVE() || (void *)tv == g_null) return real_gettimeofday(tv, tz);
+    int64_t a = 0, b = 0;
+    int served;
+    int rc = clock_other(OP_GETTIMEOFDAY, 0, &a, &b, &served);
+    if (served) {
+        if (tz) memset(tz, 0, sizeof(struct timezone));
+        if (rc) { errno = -rc; return -1; }
+        tv->tv_sec = a;
+        tv->tv_usec = b;
+        return 0;
+    }
+    int r = real_gettimeofday(tv, tz);
+    if (g_mode == MODE_RECORD) clock_rec(OP_GETTIMEOFDAY, 0, r ? -errno : 0, tv->tv_sec, tv->tv_usec);
+    return r;
+}
+
+EXPORT time_t time(time_t *out) {
+    RESOLVE(time);
+    if (!CLOCK_ACTIVE()) return real_time(out);
+    int64_t a = 0, b = 0;
+    int served;
+    clock_other(OP_TIME, 0, &a, &b, &served);
+    if (served) {
+        if (out) *out = (time_t)a;
+        return (time_t)a;
+    }
+    time_t v = real_time(out);
+    if (g_mode == MODE_RECORD) clock_rec(OP_TIME, 0, 0, v, 0);
+    return v;
+}
+
+EXPORT int timespec_get(struct timespec *ts, int base) {
+    RESOLVE(timespec_get);
+    if (!CLOCK_ACTIVE()) return real_timespec_get(ts, base);
+    int64_t a = 0, b = 0;
+    int served;
+    int rc = clock_other(OP_TIMESPEC_GET, base, &a, &b, &served);
+    if (served) {
+        if (rc) { ts->tv_sec = a; ts->tv_nsec = b; }
+        return rc;
+    }
+    int r = real_timespec_get(ts, base);
+    if (g_mode == MODE_RECORD) clock_rec(OP_TIMESPEC_GET, base, r, r ? ts->tv_sec : 0, r ? ts->tv_nsec : 0);
+    return r;
+}
+
+EXPORT clock_t clock(void) {
+    RESOLVE(clock);
+    if (!CLOCK_ACTIVE()) return real_clock();
+    int64_t a = 0, b = 0;
+    int served;
+    clock_other(OP_CLOCK, 0, &a, &b, &served);
+    if (served) return (clock_t)a;
+    clock_t v = real_clock();
+    if (g_mode == MODE_RECORD) clock_rec(OP_CLOCK, 0, 0, v, 0);
+    return v;
+}

@@ -1,0 +1,389 @@
+/* The machinery every channel shares: string helpers, the private memory arena, spin
+ * locks, per-thread record buffers and their shipping to the recorder, barriers, rec() /
+ * rec2() (record), replay streams and serve() (replay), divergence reports. */
+
+/* ------------------------------------------------------------------ small helpers */
+
+static size_t s_len(const char *s) { size_t n = 0; while (s[n]) n++; return n; }
+
+static char *s_put(char *p, char *end, const char *s) {
+    while (*s && p < end) *p++ = *s++;
+    return p;
+}
+
+static char *u_put(char *p, char *end, unsigned long long v) {
+    char tmp[24]; int n = 0;
+    do { tmp[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+    while (n && p < end) *p++ = tmp[--n];
+    return p;
+}
+
+static char *i_put(char *p, char *end, long long v) {
+    if (v < 0 && p < end) { *p++ = '-'; return u_put(p, end, (unsigned long long)(-v)); }
+    return u_put(p, end, (unsigned long long)v);
+}
+
+static int starts(const char *s, const char *prefix) {
+    while (*prefix) if (*s++ != *prefix++) return 0;
+    return 1;
+}
+
+/* Memory for the shim itself, in its own address range (see header comment). */
+static uintptr_t g_arena = 0x100000000000ULL;
+
+static void *shim_map(size_t len, int fd) {
+    len = (len + 4095) & ~(size_t)4095;
+    for (int tries = 0; tries < 64; tries++) {
+        uintptr_t at = __atomic_fetch_add(&g_arena, len + 65536, __ATOMIC_RELAXED);
+        long p = RS6(SYS_mmap, at, len, fd < 0 ? PROT_READ | PROT_WRITE : PROT_READ,
+                     MAP_PRIVATE | (fd < 0 ? MAP_ANONYMOUS | MAP_NORESERVE : 0) |
+                         MAP_FIXED_NOREPLACE,
+                     fd, 0);
+        if (p == -EEXIST) continue;
+        if (is_err(p)) return NULL;
+        return (void *)p;
+    }
+    return NULL;
+}
+
+static void shim_unmap(void *p, size_t len) {
+    RS2(SYS_munmap, p, (len + 4095) & ~(size_t)4095);
+}
+
+static void spin_lock(int *l) {
+    while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE)) RS0(SYS_sched_yield);
+}
+static void spin_unlock(int *l) { __atomic_store_n(l, 0, __ATOMIC_RELEASE); }
+
+static tbuf_t *g_slots[MAXT];
+
+/* ------------------------------------------------------------------ record: shipping */
+
+static int sock_ok(void) {
+    if (g_sock < 0) return 0;
+    struct stat st;
+    if (is_err(RS2(SYS_fstat, g_sock, &st)) || st.st_ino != g_sock_ino) {
+        g_sock = -1; /* the program closed it (close_range in a child) or reused the number */
+        return 0;
+    }
+    return 1;
+}
+
+static int sock_connect(void) {
+    if (sock_ok()) return 1;
+    long fd = RS3(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (is_err(fd)) return 0;
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, g_sockpath, s_len(g_sockpath));
+    if (is_err(RS3(SYS_connect, fd, &sa, sizeof sa))) { RS1(SYS_close, fd); return 0; }
+    int sndbuf = 4 << 20; /* big listings travel as one message */
+    if (is_err(RS6(SYS_setsockopt, fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndbuf, sizeof sndbuf, 0)))
+        RS6(SYS_setsockopt, fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf, 0);
+    /* move out of the program's way: it must see the same fd numbers in both modes */
+    long hi = RS3(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 900);
+    if (!is_err(hi)) { RS1(SYS_close, fd); fd = hi; }
+    struct stat st;
+    RS2(SYS_fstat, fd, &st);
+    g_sock_ino = st.st_ino;
+    g_sock = (int)fd;
+    return 1;
+}
+
+static void ship(uint16_t type, uint32_t tindex, const void *body, size_t n) {
+    if (!sock_connect()) return;
+    unsigned char hdr[14 + 256];
+    memcpy(hdr, "STP1", 4);
+    memcpy(hdr + 4, &type, 2);
+    memset(hdr + 6, 0, 2);
+    memcpy(hdr + 8, &tindex, 4);
+    memcpy(hdr + 12, &g_proclen, 2);
+    memcpy(hdr + 14, g_proc, g_proclen);
+    struct iovec iov[2] = {{hdr, 14u + g_proclen}, {(void *)body, n}};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = iov;
+    mh.msg_iovlen = n ? 2 : 1;
+    long r;
+    do r = RS3(SYS_sendmsg, g_sock, &mh, MSG_NOSIGNAL); while (r == -EINTR);
+}
+
+/* Called with b->lock held. */
+static void ship_buf(tbuf_t *b) {
+    if (b->len) {
+        ship(MSG_DATA, b->tindex, b->data, b->len);
+        b->len = 0;
+    }
+}
+
+static void flush_all(void) {
+    for (int i = 0; i < MAXT; i++) {
+        tbuf_t *b = g_slots[i];
+        if (!b) break;
+        if (!__atomic_load_n(&b->used, __ATOMIC_ACQUIRE) && !b->len) continue;
+        spin_lock(&b->lock);
+        ship_buf(b);
+        spin_unlock(&b->lock);
+    }
+}
+
+/* Send a barrier (or exit) message and wait for the recorder's one-byte ack. */
+static void barrier(uint16_t type) {
+    spin_lock(&g_barrier_lock);
+    ship(type, me()->tindex, NULL, 0);
+    if (g_sock >= 0) {
+        char ack;
+        long r;
+        do r = RS3(SYS_read, g_sock, &ack, 1); while (r == -EINTR);
+    }
+    spin_unlock(&g_barrier_lock);
+}
+
+static tbuf_t *claim_buf(uint32_t tindex) {
+    for (int i = 0; i < MAXT; i++) {
+        tbuf_t *b = g_slots[i];
+        if (!b) {
+            tbuf_t *nb = shim_map(sizeof(tbuf_t), -1);
+            if (!nb) return NULL;
+            nb->used = 1;
+            nb->tindex = tindex;
+            tbuf_t *expect = NULL;
+            if (__atomic_compare_exchange_n(&g_slots[i], &expect, nb, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE))
+                return nb;
+            shim_unmap(nb, sizeof(tbuf_t));
+            b = expect;
+        }
+        int zero = 0;
+        if (!b->len && __atomic_compare_exchange_n(&b->used, &zero, 1, 0, __ATOMIC_ACQ_REL,
+                                                   __ATOMIC_ACQUIRE)) {
+            spin_lock(&b->lock);
+            ship_buf(b); /* a late record of a previous owner */
+            b->tindex = tindex;
+            spin_unlock(&b->lock);
+            return b;
+        }
+    }
+    return NULL;
+}
+
+/* Append one record to this thread's buffer: u8 channel | u8 op | u16 flags | u32 len. */
+static void rec2(tls_t *t, int ch, int op, const void *p1, uint32_t n1, const void *p2,
+                 uint32_t n2) {
+    tbuf_t *b = t->tb;
+    if (UNLIKELY(!b)) {
+        b = t->tb = claim_buf(t->tindex);
+        if (!b) return;
+    }
+    uint32_t n = n1 + n2, need = 8 + n;
+    spin_lock(&b->lock);
+    if (UNLIKELY(b->len + need > BUFCAP)) ship_buf(b);
+    if (UNLIKELY(need > BUFCAP)) { /* oversized (a big listing): its own message */
+        unsigned char *big = shim_map(need, -1);
+        if (big) {
+            big[0] = (unsigned char)ch; big[1] = (unsigned char)op; big[2] = big[3] = 0;
+            memcpy(big + 4, &n, 4);
+            memcpy(big + 8, p1, n1);
+            if (n2) memcpy(big + 8 + n1, p2, n2);
+            ship(MSG_DATA, b->tindex, big, need);
+            shim_unmap(big, need);
+        }
+        spin_unlock(&b->lock);
+        return;
+    }
+    unsigned char *w = b->data + b->len;
+    w[0] = (unsigned char)ch;
+    w[1] = (unsigned char)op;
+    w[2] = w[3] = 0;
+    memcpy(w + 4, &n, 4);
+    memcpy(w + 8, p1, n1);
+    if (n2) memcpy(w + 8 + n1, p2, n2);
+    b->len += need;
+    if (UNLIKELY(g_final)) ship_buf(b);
+    spin_unlock(&b->lock);
+}
+
+static inline void rec(tls_t *t, int ch, int op, const void *p, uint32_t n) {
+    rec2(t, ch, op, p, n, NULL, 0);
+}
+
+/* ------------------------------------------------------------------ replay: streams */
+
+static void path_of_stream(char *out, size_t cap, uint32_t tindex, int ch) {
+    char *p = out, *end = out + cap - 1;
+    p = s_put(p, end, g_tape);
+    p = s_put(p, end, "/");
+    p = s_put(p, end, g_proc);
+    p = s_put(p, end, "/");
+    p = u_put(p, end, tindex);
+    p = s_put(p, end, ".");
+    p = s_put(p, end, CH_NAMES[ch]);
+    *p = 0;
+}
+
+static void map_stream(tls_t *t, int ch) {
+    stream_t *s = &t->st[ch];
+    s->mapped = 1;
+    s->base = NULL;
+    s->size = s->off = 0;
+    s->pos = 0;
+    char path[1400];
+    path_of_stream(path, sizeof path, t->tindex, ch);
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    if (is_err(fd)) return;
+    struct stat st;
+    if (!is_err(RS2(SYS_fstat, fd, &st)) && st.st_size > 0) {
+        void *m = shim_map((size_t)st.st_size, (int)fd);
+        if (m) { s->base = m; s->size = (size_t)st.st_size; }
+    }
+    RS1(SYS_close, fd);
+}
+
+static const char *op_name(int ch, int op) {
+    switch (ch * 16 + op) {
+    case CH_CLOCK * 16 + OP_CLOCK_GETTIME: return "clock_gettime";
+    case CH_CLOCK * 16 + OP_GETTIMEOFDAY: return "gettimeofday";
+    case CH_CLOCK * 16 + OP_TIME: return "time";
+    case CH_CLOCK * 16 + OP_TIMESPEC_GET: return "timespec_get";
+    case CH_CLOCK * 16 + OP_CLOCK: return "clock";
+    case CH_ENTROPY * 16 + OP_GETRANDOM: return "getrandom";
+    case CH_ENTROPY * 16 + OP_GETENTROPY: return "getentropy";
+    case CH_ENTROPY * 16 + OP_RANDOM_READ: return "read(/dev/urandom)";
+    case CH_ENTROPY * 16 + OP_GETRANDOM_RAW: return "syscall-instruction(getrandom)";
+    case CH_DIRENTS * 16 + OP_OPENDIR: return "opendir";
+    case CH_IDENTITY * 16 + OP_GETPID: return "getpid";
+    case CH_IDENTITY * 16 + OP_GETPPID: return "getppid";
+    case CH_IDENTITY * 16 + OP_GETTID: return "gettid";
+    case CH_IDENTITY * 16 + OP_GETHOSTNAME: return "gethostname";
+    case CH_IDENTITY * 16 + OP_UNAME: return "uname";
+    case CH_IDENTITY * 16 + OP_PROCINFO: return "procinfo";
+    case CH_WAIT * 16 + OP_NANOSLEEP: return "nanosleep";
+    case CH_WAIT * 16 + OP_CLOCK_NANOSLEEP: return "clock_nanosleep";
+    case CH_WAIT * 16 + OP_SLEEP: return "sleep";
+    case CH_WAIT * 16 + OP_USLEEP: return "usleep";
+    case CH_WAIT * 16 + OP_POLL: return "poll";
+    case CH_WAIT * 16 + OP_SELECT: return "select";
+    case CH_WAIT * 16 + OP_EPOLL: return "epoll_wait";
+    case CH_IO * 16 + OP_IO_READ: return "read(pipe)";
+    case CH_IO * 16 + OP_IO_POLL: return "poll(pipes)";
+    case CH_IO * 16 + OP_IO_WAIT: return "waitpid(WNOHANG)";
+    }
+    return "?";
+}
+
+/* "name(arg...)" from an op and its argument prefix. */
+static char *describe(char *p, char *end, int ch, int op, const unsigned char *a, uint32_t n) {
+    p = s_put(p, end, op_name(ch, op));
+    p = s_put(p, end, "(");
+    int32_t i1 = 0, i2 = 0;
+    int64_t l1 = 0, l2 = 0;
+    if (n >= 4) memcpy(&i1, a, 4);
+    if (n >= 8) memcpy(&i2, a + 4, 4);
+    switch (ch) {
+    case CH_CLOCK:
+        if (op == OP_CLOCK_GETTIME) { p = s_put(p, end, "clock="); p = i_put(p, end, i1); }
+        if (op == OP_TIMESPEC_GET) { p = s_put(p, end, "base="); p = i_put(p, end, i1); }
+        break;
+    case CH_ENTROPY:
+        p = s_put(p, end, "size="); p = u_put(p, end, (uint32_t)i1);
+        if (op == OP_GETRANDOM || op == OP_GETRANDOM_RAW) { p = s_put(p, end, ", flags="); p = i_put(p, end, i2); }
+        break;
+    case CH_DIRENTS:
+        if (n >= 2) {
+            uint16_t pl; memcpy(&pl, a, 2);
+            p = s_put(p, end, "path=");
+            for (uint32_t i = 0; i < pl && 2 + i < n && p < end; i++)
+                *p++ = (a[2 + i] == '\t' || a[2 + i] == '\n') ? ' ' : (char)a[2 + i];
+        }
+        break;
+    case CH_IDENTITY:
+        if (op == OP_GETHOSTNAME) { p = s_put(p, end, "size="); p = u_put(p, end, (uint32_t)i1); }
+        break;
+    case CH_WAIT:
+        if (op == OP_NANOSLEEP && n >= 16) {
+            memcpy(&l1, a, 8); memcpy(&l2, a + 8, 8);
+            p = i_put(p, end, l1); p = s_put(p, end, "s+"); p = i_put(p, end, l2); p = s_put(p, end, "ns");
+        } else if (op == OP_CLOCK_NANOSLEEP && n >= 24) {
+            memcpy(&l1, a + 8, 8); memcpy(&l2, a + 16, 8);
+            p = s_put(p, end, "clock="); p = i_put(p, end, i1);
+            p = s_put(p, end, ", flags="); p = i_put(p, end, i2); p = s_put(p, end, ", ");
+            p = i_put(p, end, l1); p = s_put(p, end, "s+"); p = i_put(p, end, l2); p = s_put(p, end, "ns");
+        } else if (op == OP_SELECT && n >= 16) {
+            memcpy(&l1, a + 8, 8);
+            p = s_put(p, end, "timeout_us="); p = i_put(p, end, l1);
+        } else if (n >= 4) {
+            p = s_put(p, end, op == OP_POLL || op == OP_EPOLL ? "timeout_ms=" : "");
+            p = i_put(p, end, i1);
+        }
+        break;
+    case CH_IO:
+        if (op == OP_IO_READ) { p = s_put(p, end, "size="); p = u_put(p, end, (uint32_t)i1); }
+        if (op == OP_IO_POLL && n >= 8) {
+            p = s_put(p, end, "timeout_ms="); p = i_put(p, end, i1);
+            p = s_put(p, end, ", nfds="); p = i_put(p, end, i2);
+        }
+        break;
+    }
+    return s_put(p, end, ")");
+}
+
+static void append_report(const char *line, size_t n) {
+    char path[1100];
+    char *p = s_put(path, path + sizeof path - 1, g_tape);
+    p = s_put(p, path + sizeof path - 1, "/divergence");
+    *p = 0;
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (is_err(fd)) return;
+    RS3(SYS_write, fd, line, n);
+    RS1(SYS_close, fd);
+}
+
+static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, int op,
+                   const void *args, uint32_t argn) {
+    char line[2048];
+    char *p = line, *end = line + sizeof line - 2;
+    p = s_put(p, end, kind);
+    p = s_put(p, end, "\tproc="); p = s_put(p, end, g_proc);
+    p = s_put(p, end, "\tthread="); p = u_put(p, end, t->tindex);
+    p = s_put(p, end, "\tchannel="); p = s_put(p, end, CH_NAMES[ch]);
+    p = s_put(p, end, "\tpos="); p = u_put(p, end, t->st[ch].pos);
+    p = s_put(p, end, "\trecorded=");
+    if (rh) {
+        uint32_t rn; memcpy(&rn, rh + 4, 4);
+        uint32_t an = argn < rn ? argn : rn;
+        if (rh[0] != ch) p = s_put(p, end, "other-channel");
+        else p = describe(p, end, rh[0], rh[1], rh + 8, an);
+    } else {
+        p = s_put(p, end, "end-of-stream");
+    }
+    p = s_put(p, end, "\tasked=");
+    p = describe(p, end, ch, op, args, argn);
+    *p++ = '\n';
+    if (g_reports++ < 500) append_report(line, (size_t)(p - line));
+}
+
+/* Next record of (thread, ch) if it is op with these argument bytes; else report the
+ * divergence and exit 86 (or return NULL under STENO_LENIENT, leaving the stream where
+ * it is so a later call may line up again). *plen receives the payload length. */
+static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, uint32_t argn,
+                                  uint32_t *plen) {
+    stream_t *s = &t->st[ch];
+    if (UNLIKELY(!s->mapped)) map_stream(t, ch);
+    const unsigned char *rh = NULL;
+    if (LIKELY(s->off + 8 <= s->size)) {
+        rh = s->base + s->off;
+        uint32_t n;
+        memcpy(&n, rh + 4, 4);
+        if (LIKELY(rh[0] == ch && rh[1] == op && n >= argn && s->off + 8 + n <= s->size &&
+                   memcmp(rh + 8, args, argn) == 0)) {
+            s->off += 8 + n;
+            s->pos++;
+            *plen = n;
+            return rh + 8;
+        }
+    }
+    report("divergence", t, ch, rh, op, args, argn);
+    if (!g_lenient) die(DIVERGENCE_EXIT);
+    return NULL;
+}

@@ -1,0 +1,154 @@
+/* Channel entropy: getrandom, getentropy, arc4random*, and read() of an fd open on
+ * /dev/urandom or /dev/random (open* and fopen* mark such fds). */
+
+#define ECHUNK 32768 /* bigger requests are split, identically in both modes */
+
+static ssize_t entropy_chunk(int op, void *buf, uint32_t size, uint32_t flags, int fd) {
+    tls_t *t = me();
+    uint32_t args[2] = {size, flags};
+    int gr = op == OP_GETRANDOM || op == OP_GETRANDOM_RAW;
+    uint32_t argn = gr ? 8 : 4;
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_ENTROPY, op, args, argn, &n);
+        if (p) {
+            int32_t rc;
+            memcpy(&rc, p + argn, 4);
+            uint32_t hdr = argn + (gr ? 8 : 4);
+            if (rc < 0) { errno = -rc; return -1; }
+            uint32_t give = op == OP_GETENTROPY ? size : (uint32_t)rc;
+            if (give > n - hdr) give = n - hdr;
+            memcpy(buf, p + hdr, give);
+            return op == OP_GETENTROPY ? 0 : rc;
+        }
+    }
+    long r;
+    if (op == OP_RANDOM_READ) r = RS3(SYS_read, fd, buf, size);
+    else r = RS3(SYS_getrandom, buf, size, op == OP_GETENTROPY ? 0 : flags);
+    if (op == OP_GETENTROPY && r >= 0 && (uint32_t)r != size) r = -EIO;
+    if (g_mode == MODE_RECORD) {
+        unsigned char head[16];
+        int32_t rc = is_err(r) ? (int32_t)r : (op == OP_GETENTROPY ? 0 : (int32_t)r);
+        uint32_t data = is_err(r) ? 0 : (uint32_t)r;
+        memcpy(head, args, argn);
+        memcpy(head + argn, &rc, 4);
+        uint32_t hn = argn + 4;
+        if (gr) { memset(head + hn, 0, 4); hn += 4; }
+        rec2(t, CH_ENTROPY, op, head, hn, buf, data);
+    }
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    return op == OP_GETENTROPY ? 0 : r;
+}
+
+static ssize_t entropy(int op, void *buf, size_t size, uint32_t flags, int fd) {
+    if (size <= ECHUNK) return entropy_chunk(op, buf, (uint32_t)size, flags, fd);
+    size_t done = 0;
+    while (done < size) {
+        size_t n = size - done > ECHUNK ? ECHUNK : size - done;
+        ssize_t r = entropy_chunk(op, (char *)buf + done, (uint32_t)n, flags, fd);
+        if (r < 0) return done ? (ssize_t)done : -1;
+        if (op == OP_GETENTROPY) r = (ssize_t)n;
+        if (r == 0) break;
+        done += (size_t)r;
+        if ((size_t)r < n) break;
+    }
+    return op == OP_GETENTROPY ? 0 : (ssize_t)done;
+}
+
+EXPORT ssize_t getrandom(void *buf, size_t n, unsigned int flags) {
+    if (!ACTIVE()) {
+        long r = RS3(SYS_getrandom, buf, n, flags);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return r;
+    }
+    return entropy(OP_GETRANDOM, buf, n, flags, -1);
+}
+
+EXPORT int getentropy(void *buf, size_t n) {
+    if (n > 256) { errno = EIO; return -1; }
+    if (!ACTIVE()) {
+        long r = RS3(SYS_getrandom, buf, n, 0);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return 0;
+    }
+    return (int)entropy(OP_GETENTROPY, buf, n, 0, -1);
+}
+
+EXPORT void arc4random_buf(void *buf, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = getrandom((char *)buf + done, n - done, 0);
+        if (r > 0) done += (size_t)r;
+    }
+}
+EXPORT uint32_t arc4random(void) { uint32_t v; arc4random_buf(&v, sizeof v); return v; }
+EXPORT uint32_t arc4random_uniform(uint32_t upper) {
+    if (upper < 2) return 0;
+    uint32_t min = -upper % upper, r;
+    do r = arc4random(); while (r < min);
+    return r % upper;
+}
+
+/* fds open on /dev/urandom or /dev/random */
+static uint64_t g_rfd[16];
+
+static inline int rfd_is(int fd) {
+    return (unsigned)fd < 1024 && (__atomic_load_n(&g_rfd[fd >> 6], __ATOMIC_RELAXED) >> (fd & 63) & 1);
+}
+static inline void rfd_set(int fd, int on) {
+    if ((unsigned)fd >= 1024) return;
+    if (on) __atomic_fetch_or(&g_rfd[fd >> 6], 1ULL << (fd & 63), __ATOMIC_RELAXED);
+    else __atomic_fetch_and(&g_rfd[fd >> 6], ~(1ULL << (fd & 63)), __ATOMIC_RELAXED);
+}
+
+static int is_random_path(const char *p) {
+    return p && starts(p, "/dev/") && (!strcmp(p + 5, "urandom") || !strcmp(p + 5, "random"));
+}
+
+static int open_common(int dirfd, const char *path, int flags, mode_t mode) {
+    long fd = RS4(SYS_openat, dirfd, path, flags, mode);
+    if (is_err(fd)) { errno = (int)-fd; return -1; }
+    if (g_mode && is_random_path(path)) rfd_set((int)fd, 1);
+    else if (g_mode) rfd_set((int)fd, 0);
+    return (int)fd;
+}
+
+#define OPEN_MODE(flags) \
+    mode_t mode = 0; \
+    if ((flags) & (O_CREAT | __O_TMPFILE)) { va_list ap; va_start(ap, flags); mode = va_arg(ap, mode_t); va_end(ap); }
+
+EXPORT int open(const char *path, int flags, ...) { OPEN_MODE(flags); return open_common(AT_FDCWD, path, flags, mode); }
+EXPORT int open64(const char *path, int flags, ...) { OPEN_MODE(flags); return open_common(AT_FDCWD, path, flags, mode); }
+EXPORT int openat(int d, const char *path, int flags, ...) { OPEN_MODE(flags); return open_common(d, path, flags, mode); }
+EXPORT int openat64(int d, const char *path, int flags, ...) { OPEN_MODE(flags); return open_common(d, path, flags, mode); }
+EXPORT int __open_2(const char *path, int flags) { return open_common(AT_FDCWD, path, flags, 0); }
+EXPORT int __open64_2(const char *path, int flags) { return open_common(AT_FDCWD, path, flags, 0); }
+EXPORT int __openat_2(int d, const char *path, int flags) { return open_common(d, path, flags, 0); }
+EXPORT int __openat64_2(int d, const char *path, int flags) { return open_common(d, path, flags, 0); }
+
+static ssize_t cookie_read(void *c, char *buf, size_t n) {
+    return read((int)(intptr_t)c, buf, n);
+}
+static int cookie_close(void *c) { return close((int)(intptr_t)c); }
+
+static FILE *fopen_random(const char *path, const char *mode) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    cookie_io_functions_t io = {cookie_read, NULL, NULL, cookie_close};
+    FILE *f = fopencookie((void *)(intptr_t)fd, mode, io);
+    if (!f) close(fd);
+    return f;
+}
+
+EXPORT FILE *fopen(const char *path, const char *mode) {
+    RESOLVE(fopen);
+    if (g_mode && is_random_path(path) && mode && mode[0] == 'r' && !strchr(mode, '+'))
+        return fopen_random(path, mode);
+    return real_fopen(path, mode);
+}
+EXPORT FILE *fopen64(const char *path, const char *mode) {
+    RESOLVE(fopen64);
+    if (g_mode && is_random_path(path) && mode && mode[0] == 'r' && !strchr(mode, '+'))
+        return fopen_random(path, mode);
+    return real_fopen64(path, mode);
+}

@@ -1,0 +1,94 @@
+/* Start-up and shut-down: resolve libc, read and hide STENO_*, install the seccomp
+ * filter, tape procinfo; at exit, ship everything and wait for the recorder. */
+
+static void resolve_all(void) {
+    RESOLVE(clock_gettime); RESOLVE(gettimeofday); RESOLVE(time); RESOLVE(timespec_get);
+    RESOLVE(clock); RESOLVE(read); RESOLVE(close); RESOLVE(opendir); RESOLVE(fdopendir);
+    RESOLVE(readdir64); RESOLVE(readdir); RESOLVE(rewinddir); RESOLVE(closedir);
+    RESOLVE(gethostname); RESOLVE(uname); RESOLVE(poll); RESOLVE(select);
+    RESOLVE(epoll_wait); RESOLVE(epoll_pwait); RESOLVE(fork); RESOLVE(execve);
+    RESOLVE(execvpe); RESOLVE(posix_spawn); RESOLVE(posix_spawnp); RESOLVE(system);
+    RESOLVE(popen); RESOLVE(pthread_create); RESOLVE(fopen); RESOLVE(fopen64); RESOLVE(_exit);
+}
+
+static void copy_env(char *dst, size_t cap, const char *v) {
+    size_t n = s_len(v);
+    if (n >= cap) n = cap - 1;
+    memcpy(dst, v, n);
+    dst[n] = 0;
+}
+
+__attribute__((constructor)) static void shim_init(void) {
+    if (g_inited) return;
+    resolve_all();
+    const char *mode = NULL, *sock = NULL, *tape = NULL, *proc = NULL, *shim = NULL,
+               *next = NULL, *lenient = NULL;
+    for (char **e = environ; e && *e; e++) {
+        const char *v = *e;
+        if (!starts(v, "STENO_")) continue;
+        if (starts(v, "STENO_MODE=")) mode = v + 11;
+        else if (starts(v, "STENO_SOCK=")) sock = v + 11;
+        else if (starts(v, "STENO_TAPE=")) tape = v + 11;
+        else if (starts(v, "STENO_PROC=")) proc = v + 11;
+        else if (starts(v, "STENO_SHIM=")) shim = v + 11;
+        else if (starts(v, "STENO_NEXT=")) next = v + 11;
+        else if (starts(v, "STENO_LENIENT=")) lenient = v + 14;
+        else if (starts(v, "STENO_NONET=")) g_nonet = v[12] == '1';
+        else if (starts(v, "STENO_FILT=")) copy_env(g_filt, sizeof g_filt, v + 11);
+        else if (starts(v, "STENO_DRIFT=")) g_drift = v[12] != '0';
+        else {
+            size_t n = s_len(v) + 1;
+            if (g_extra_len + n < sizeof g_extra) {
+                memcpy(g_extra + g_extra_len, v, n);
+                g_extra_len += n;
+            }
+        }
+    }
+    int m = MODE_OFF;
+    if (mode && mode[0] == 'r' && mode[2] == 'c') m = MODE_RECORD;
+    else if (mode && mode[0] == 'r' && mode[2] == 'p') m = MODE_REPLAY;
+    if (m == MODE_RECORD && !sock) m = MODE_OFF;
+    if (m == MODE_REPLAY && !tape) m = MODE_OFF;
+    if (m != MODE_OFF) {
+        copy_env(g_sockpath, sizeof g_sockpath, sock ? sock : "");
+        copy_env(g_tape, sizeof g_tape, tape ? tape : "");
+        copy_env(g_proc, sizeof g_proc, proc ? proc : "0");
+        copy_env(g_shim, sizeof g_shim, shim ? shim : "");
+        g_proclen = (uint16_t)s_len(g_proc);
+        g_lenient = lenient && lenient[0] == '1';
+        uint32_t tbase = 0, cnext = 0;
+        if (next) {
+            const char *p = next;
+            while (*p >= '0' && *p <= '9') tbase = tbase * 10 + (uint32_t)(*p++ - '0');
+            if (*p == ',') p++;
+            while (*p >= '0' && *p <= '9') cnext = cnext * 10 + (uint32_t)(*p++ - '0');
+        }
+        T.tindex = tbase;
+        T.init = 1;
+        g_tnext = tbase + 1;
+        g_cnext = cnext;
+        /* hide STENO_* from the program: record and replay must look alike */
+        char **w = environ;
+        for (char **e = environ; e && *e; e++)
+            if (!starts(*e, "STENO_")) *w++ = *e;
+        if (w) *w = NULL;
+        pthread_key_create(&g_key, thread_key_done);
+        pthread_setspecific(g_key, (void *)1);
+        g_py_gil_check = (int (*)(void))dlsym(RTLD_DEFAULT, "PyGILState_Check");
+    }
+    g_mode = m;
+    if (m != MODE_OFF) install_filters();
+    g_inited = 1;
+    if (m != MODE_OFF) procinfo();
+}
+
+static void final_flush(void) {
+    if (g_mode != MODE_RECORD || g_final) return;
+    T.guard++;
+    flush_all();
+    barrier(MSG_EXIT);
+    g_final = 1;
+    T.guard--;
+}
+
+__attribute__((destructor)) static void shim_fini(void) { final_flush(); }

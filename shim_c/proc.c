@@ -1,0 +1,246 @@
+/* Processes: fork/vfork, exec*, posix_spawn*, system, popen, _exit. Children get
+ * their process path and the shim's variables back in their environment. */
+
+static void child_path(char *out, size_t cap, uint32_t idx) {
+    char *p = s_put(out, out + cap - 1, g_proc);
+    p = s_put(p, out + cap - 1, ".");
+    p = u_put(p, out + cap - 1, idx);
+    *p = 0;
+}
+
+/* After fork: a new process path, thread 0, empty buffers, own connection, fresh streams. */
+static void after_fork_child(uint32_t idx) {
+    char np[256];
+    g_vpid = g_vppid = 0;
+    T.guard++;
+    child_path(np, sizeof np, idx);
+    memcpy(g_proc, np, s_len(np) + 1);
+    g_proclen = (uint16_t)s_len(g_proc);
+    g_tnext = 1;
+    g_cnext = 0;
+    g_barrier_lock = 0;
+    g_dirs_lock = 0;
+    if (g_sock >= 0) RS1(SYS_close, g_sock);
+    g_sock = -1;
+    T.tindex = 0;
+    T.init = 1;
+    for (int i = 0; i < MAXT; i++) {
+        tbuf_t *b = g_slots[i];
+        if (!b) break;
+        b->len = 0;
+        b->lock = 0;
+        b->used = b == T.tb;
+        if (b == T.tb) b->tindex = 0;
+    }
+    for (int c = 0; c < NCH; c++) T.st[c].mapped = 0;
+    T.guard--;
+    procinfo();
+}
+
+EXPORT pid_t fork(void) {
+    RESOLVE(fork);
+    if (!g_mode) return real_fork();
+    if (T.guard) { /* paused by a Python hook: the child runs off the tape, unnumbered */
+        pid_t pid = real_fork();
+        if (pid == 0) {
+            g_mode = MODE_OFF;
+            if (g_sock >= 0) RS1(SYS_close, g_sock);
+            g_sock = -1;
+        }
+        return pid;
+    }
+    tls_t *t = me();
+    uint32_t idx = __atomic_add_fetch(&g_cnext, 1, __ATOMIC_RELAXED);
+    if (g_mode == MODE_RECORD && t->tb) { /* flush before fork: nothing is duplicated */
+        spin_lock(&t->tb->lock);
+        ship_buf(t->tb);
+        spin_unlock(&t->tb->lock);
+    }
+    pid_t pid = real_fork();
+    if (pid == 0) after_fork_child(idx);
+    return pid;
+}
+
+/* vfork shares the parent's memory, which would let the child overwrite the shim's
+ * state; a real fork is what a vfork+exec means anyway. */
+EXPORT pid_t vfork(void) { return fork(); }
+
+/* Build a child environment: the given one without STENO_*, plus the shim's variables. */
+static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uint32_t cnext,
+                        size_t *maplen) {
+    size_t count = 0, strbytes = 0;
+    const char *preload = NULL;
+    for (char *const *e = envp; e && *e; e++) {
+        count++;
+        if (starts(*e, "LD_PRELOAD=")) preload = *e + 11;
+    }
+    strbytes = 3 * 1024 + s_len(g_shim) * 2 + s_len(g_tape) + s_len(g_sockpath) +
+               (preload ? s_len(preload) : 0);
+    size_t nextra = 0;
+    for (size_t at = 0; at < g_extra_len; at += s_len(g_extra + at) + 1) nextra++;
+    count += nextra;
+    size_t len = (count + 12) * sizeof(char *) + strbytes;
+    char **out = shim_map(len, -1);
+    if (!out) return NULL;
+    *maplen = len;
+    char *sp = (char *)(out + count + 12), *end = (char *)out + len - 1;
+    size_t k = 0;
+    for (char *const *e = envp; e && *e; e++)
+        if (!starts(*e, "STENO_") && !starts(*e, "LD_PRELOAD=")) out[k++] = *e;
+#define ADD(...) do { char *s0 = sp; const char *parts[] = {__VA_ARGS__, NULL}; \
+        for (int i = 0; parts[i]; i++) sp = s_put(sp, end, parts[i]); \
+        *sp++ = 0; out[k++] = s0; } while (0)
+    int has = 0;
+    if (preload) {
+        const char *h = strstr(preload, g_shim);
+        has = h != NULL;
+    }
+    if (has) ADD("LD_PRELOAD=", preload);
+    else if (preload && *preload) ADD("LD_PRELOAD=", g_shim, ":", preload);
+    else ADD("LD_PRELOAD=", g_shim);
+    ADD("STENO_MODE=", g_mode == MODE_RECORD ? "record" : "replay");
+    if (g_mode == MODE_RECORD) ADD("STENO_SOCK=", g_sockpath);
+    else ADD("STENO_TAPE=", g_tape);
+    ADD("STENO_PROC=", proc);
+    char nb[48];
+    char *p = u_put(nb, nb + 47, tbase);
+    *p++ = ',';
+    p = u_put(p, nb + 47, cnext);
+    *p = 0;
+    ADD("STENO_NEXT=", nb);
+    ADD("STENO_SHIM=", g_shim);
+    if (g_lenient) ADD("STENO_LENIENT=1");
+    if (g_nonet) ADD("STENO_NONET=1");
+    if (g_filt[0]) ADD("STENO_FILT=", g_filt);
+    if (!g_drift) ADD("STENO_DRIFT=0");
+    for (size_t at = 0; at < g_extra_len && k < count + 11; at += s_len(g_extra + at) + 1)
+        out[k++] = g_extra + at;
+#undef ADD
+    out[k] = NULL;
+    return out;
+}
+
+static void before_exec(void) {
+    if (g_mode != MODE_RECORD) return;
+    T.guard++;
+    flush_all();
+    barrier(MSG_BARRIER);
+    T.guard--;
+}
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
+    RESOLVE(execve);
+    if (!g_mode) return real_execve(path, argv, envp);
+    size_t ml = 0;
+    char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
+    before_exec();
+    int r = real_execve(path, argv, env ? env : envp);
+    int e = errno;
+    if (env) shim_unmap(env, ml);
+    errno = e;
+    return r;
+}
+
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
+    RESOLVE(execvpe);
+    if (!g_mode) return real_execvpe(file, argv, envp);
+    size_t ml = 0;
+    char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
+    before_exec();
+    int r = real_execvpe(file, argv, env ? env : envp);
+    int e = errno;
+    if (env) shim_unmap(env, ml);
+    errno = e;
+    return r;
+}
+
+EXPORT int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }
+EXPORT int execvp(const char *file, char *const argv[]) { return execvpe(file, argv, environ); }
+
+#define COLLECT_ARGS(first, envout) \
+    char *argv[4096]; size_t argc = 0; va_list ap; va_start(ap, first); \
+    argv[argc++] = (char *)(first); \
+    while (argc < 4095 && (argv[argc] = va_arg(ap, char *)) != NULL) argc++; \
+    argv[argc] = NULL; envout; va_end(ap)
+
+EXPORT int execl(const char *path, const char *arg, ...) {
+    COLLECT_ARGS(arg, (void)0);
+    return execve(path, argv, environ);
+}
+EXPORT int execlp(const char *file, const char *arg, ...) {
+    COLLECT_ARGS(arg, (void)0);
+    return execvpe(file, argv, environ);
+}
+EXPORT int execle(const char *path, const char *arg, ...) {
+    char **envp;
+    COLLECT_ARGS(arg, envp = va_arg(ap, char **));
+    return execve(path, argv, envp);
+}
+
+static int spawn_common(int p, pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                        const posix_spawnattr_t *at, char *const argv[], char *const envp[]) {
+    uint32_t idx = __atomic_add_fetch(&g_cnext, 1, __ATOMIC_RELAXED);
+    char cp[256];
+    child_path(cp, sizeof cp, idx);
+    size_t ml = 0;
+    char **env = build_env(envp, cp, 0, 0, &ml);
+    int r = p ? real_posix_spawnp(pid, path, fa, at, argv, env ? env : envp)
+              : real_posix_spawn(pid, path, fa, at, argv, env ? env : envp);
+    if (env) shim_unmap(env, ml);
+    return r;
+}
+
+EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                       const posix_spawnattr_t *at, char *const argv[], char *const envp[]) {
+    RESOLVE(posix_spawn);
+    if (!g_mode || T.guard) return real_posix_spawn(pid, path, fa, at, argv, envp);
+    return spawn_common(0, pid, path, fa, at, argv, envp);
+}
+
+EXPORT int posix_spawnp(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                        const posix_spawnattr_t *at, char *const argv[], char *const envp[]) {
+    RESOLVE(posix_spawnp);
+    if (!g_mode || T.guard) return real_posix_spawnp(pid, path, fa, at, argv, envp);
+    return spawn_common(1, pid, path, fa, at, argv, envp);
+}
+
+/* system() and popen() spawn through glibc-internal posix_spawn, which this library
+ * cannot see: give the child its path through a temporarily swapped environ. */
+EXPORT int system(const char *cmd) {
+    RESOLVE(system);
+    if (!g_mode || !cmd || T.guard) return real_system(cmd);
+    uint32_t idx = __atomic_add_fetch(&g_cnext, 1, __ATOMIC_RELAXED);
+    char cp[256];
+    child_path(cp, sizeof cp, idx);
+    size_t ml = 0;
+    char **env = build_env(environ, cp, 0, 0, &ml);
+    char **saved = environ;
+    if (env) environ = env;
+    int r = real_system(cmd);
+    environ = saved;
+    if (env) shim_unmap(env, ml);
+    return r;
+}
+
+EXPORT FILE *popen(const char *cmd, const char *type) {
+    RESOLVE(popen);
+    if (!g_mode || T.guard) return real_popen(cmd, type);
+    uint32_t idx = __atomic_add_fetch(&g_cnext, 1, __ATOMIC_RELAXED);
+    char cp[256];
+    child_path(cp, sizeof cp, idx);
+    size_t ml = 0;
+    char **env = build_env(environ, cp, 0, 0, &ml);
+    char **saved = environ;
+    if (env) environ = env;
+    FILE *f = real_popen(cmd, type);
+    environ = saved;
+    if (env) shim_unmap(env, ml);
+    return f;
+}
+
+EXPORT void _exit(int status) {
+    RESOLVE(_exit);
+    final_flush();
+    real__exit(status);
+}
+EXPORT void _Exit(int status) { _exit(status); }

@@ -1,0 +1,125 @@
+/* The seccomp filter, installed once per process tree at start-up.
+ *
+ * Replay isolation: refuse new AF_INET/AF_INET6 sockets with EACCES, so a replay can never
+ * reach a live model or tool (once per tree: filters are inherited across fork and exec).
+ *
+ * Raw getrandom: a `syscall` instruction for getrandom in the program's own code (inline
+ * asm; libc's syscall() is wrapped in syscall.c) bypasses every libc wrapper. In both modes the
+ * shim traps it with SECCOMP_RET_TRAP when the instruction pointer lies in the main
+ * executable's text, and serves it from the SIGSYS handler through the entropy stream
+ * (op 4). Only the main executable is trapped: glibc itself calls getrandom raw (malloc's
+ * tcache key) before this library's constructor has installed the handler, and a filter
+ * outlives exec, when libraries move but the executable's text (ASLR off) stays put.
+ * The shim's own raw syscalls are never in that range. Hand-written BPF, no libseccomp. */
+
+static uintptr_t g_exe_lo, g_exe_hi;
+
+static int exe_range_cb(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size; (void)data;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+        if (!g_exe_lo || lo < g_exe_lo) g_exe_lo = lo;
+        if (hi > g_exe_hi) g_exe_hi = hi;
+    }
+    return 1; /* the first object is the main program */
+}
+
+static void sigsys_handler(int sig, siginfo_t *si, void *ctx) {
+    (void)sig;
+    ucontext_t *uc = ctx;
+    greg_t *g = uc->uc_mcontext.gregs;
+    int saved = errno;
+    long ret = -ENOSYS;
+    if (si->si_syscall == SYS_getrandom) {
+        void *buf = (void *)g[REG_RDI];
+        size_t n = (size_t)g[REG_RSI];
+        unsigned flags = (unsigned)g[REG_RDX];
+        if (g_mode && !T.guard) {
+            ssize_t r = entropy(OP_GETRANDOM_RAW, buf, n, flags, -1);
+            ret = r < 0 ? -errno : r;
+        } else {
+            ret = RS3(SYS_getrandom, buf, n, flags);
+        }
+    }
+    g[REG_RAX] = ret;
+    errno = saved;
+}
+
+static char *hex_put(char *p, char *end, uint64_t v) {
+    char tmp[16]; int n = 0;
+    do { tmp[n++] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v);
+    while (n && p < end) *p++ = tmp[--n];
+    return p;
+}
+
+static void install_filters(void) {
+    int want_net = g_mode == MODE_REPLAY && g_nonet && !strchr(g_filt, 'n');
+    char tag[48] = {0}, *tp = tag, *tend = tag + sizeof tag - 1;
+    int want_trap = 0;
+    dl_iterate_phdr(exe_range_cb, NULL);
+    uint32_t hi32 = (uint32_t)(g_exe_lo >> 32);
+    if (g_exe_lo && g_exe_hi > g_exe_lo && (uint32_t)((g_exe_hi - 1) >> 32) == hi32) {
+        tp = s_put(tp, tend, "t"); tp = hex_put(tp, tend, g_exe_lo);
+        tp = s_put(tp, tend, "-"); tp = hex_put(tp, tend, g_exe_hi);
+        *tp = 0;
+        want_trap = !strstr(g_filt, tag);
+    }
+    /* an inherited filter may trap this image's executable too: the handler goes in
+     * whenever any trap rule is on the tree, before the filter */
+    if (want_trap || strchr(g_filt, 't')) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = sigsys_handler;
+        sa.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGSYS, &sa, NULL);
+    }
+    if (!want_net && !want_trap) return;
+    uint32_t lo = (uint32_t)g_exe_lo, hi = (uint32_t)g_exe_hi;
+    if ((uint32_t)((g_exe_hi) >> 32) != hi32) hi = 0xffffffffu;
+    struct sock_filter f[] = {
+        /* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        /* 2 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 3 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        /* 4 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_trap ? SYS_getrandom : 0xffffffffu, 2, 0),
+        /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_socket : 0xffffffffu, 8, 0),
+        /* 6 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 7: getrandom: trap if lo <= ip < hi (same upper half) */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer) + 4),
+        /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, hi32, 0, 4),
+        /* 9 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer)),
+        /* 10 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, lo, 0, 2),
+        /* 11 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, hi, 1, 0),
+        /* 12 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+        /* 13 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 14: socket(AF_INET / AF_INET6) -> EACCES */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        /* 15 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET, 2, 0),
+        /* 16 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET6, 1, 0),
+        /* 17 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 18 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EACCES & SECCOMP_RET_DATA)),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof f[0]), f};
+    /* SPEC_ALLOW: by default the kernel turns on speculative-store-bypass mitigation for
+     * a task under seccomp, which made every recorded clock read twice as slow; this
+     * filter is a tape, not a security boundary. */
+#ifndef SECCOMP_FILTER_FLAG_SPEC_ALLOW
+#define SECCOMP_FILTER_FLAG_SPEC_ALLOW (1UL << 2)
+#endif
+    unsigned long fl = SECCOMP_FILTER_FLAG_SPEC_ALLOW;
+    long r = RS3(SYS_seccomp, SECCOMP_SET_MODE_FILTER, fl, &prog);
+    if (r == -EINVAL) r = RS3(SYS_seccomp, SECCOMP_SET_MODE_FILTER, fl = 0, &prog);
+    if (r == -EACCES) { /* no CAP_SYS_ADMIN: a filter needs no_new_privs */
+        RS4(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0);
+        r = RS3(SYS_seccomp, SECCOMP_SET_MODE_FILTER, fl, &prog);
+    }
+    if (is_err(r)) return;
+    size_t at = s_len(g_filt);
+    char *p = g_filt + at, *end = g_filt + sizeof g_filt - 1;
+    if (want_net) p = s_put(p, end, "n");
+    if (want_trap) p = s_put(p, end, tag);
+    *p = 0;
+}

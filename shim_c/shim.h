@@ -1,0 +1,228 @@
+/* Private header of the shim's unity build (steno_shim.c includes it first): system
+ * includes, raw syscalls, the process-wide state, the per-thread state, and the gates
+ * every wrapper opens with. Wire constants shared with Python are in steno_shim.h. */
+#ifndef STENO_SHIM_PRIVATE_H
+#define STENO_SHIM_PRIVATE_H
+
+#undef _FORTIFY_SOURCE
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <link.h>
+#include <ucontext.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/mman.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "steno_shim.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+extern char **environ;
+
+/* ------------------------------------------------------------------ raw syscalls */
+
+static inline long rsys(long n, long a, long b, long c, long d, long e, long f) {
+    long ret;
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+#define RS0(n) rsys((n), 0, 0, 0, 0, 0, 0)
+#define RS1(n, a) rsys((n), (long)(a), 0, 0, 0, 0, 0)
+#define RS2(n, a, b) rsys((n), (long)(a), (long)(b), 0, 0, 0, 0)
+#define RS3(n, a, b, c) rsys((n), (long)(a), (long)(b), (long)(c), 0, 0, 0)
+#define RS4(n, a, b, c, d) rsys((n), (long)(a), (long)(b), (long)(c), (long)(d), 0, 0)
+#define RS6(n, a, b, c, d, e, f) \
+    rsys((n), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
+
+static inline int is_err(long r) { return (unsigned long)r > -4096UL; }
+
+static void die(int status) {
+    for (;;) RS1(SYS_exit_group, status);
+}
+
+/* ------------------------------------------------------------------ global state */
+
+enum { MODE_OFF = 0, MODE_RECORD = 1, MODE_REPLAY = 2 };
+
+static int g_mode;
+static int g_inited;
+static int g_lenient;
+static char g_proc[256];
+static uint16_t g_proclen;
+static char g_sockpath[108];
+static char g_tape[1024];
+static char g_shim[1024];
+static uint32_t g_tnext = 1;  /* next thread index to hand out */
+static uint32_t g_cnext;      /* children spawned so far by this process */
+static int g_sock = -1;
+static unsigned long g_sock_ino;
+static int g_final;           /* past the exit flush: ship every record at once */
+static int g_barrier_lock;
+static int g_reports;
+static int g_nonet;
+static int g_drift = 1; /* STENO_DRIFT=0: replay does not read live directories to check drift */
+/* Seccomp filters already on this process tree (inherited across fork and exec, never
+ * removable): "n" once the network rule is in, "t<lo>-<hi>" per trapped text range.
+ * Travels to exec'd / spawned children as STENO_FILT. */
+static char g_filt[512];
+static pthread_key_t g_key;
+/* CPython's PyGILState_Check, when the process is a CPython interpreter (resolved once at
+ * start-up with dlsym(RTLD_DEFAULT); NULL otherwise). See gil_free() below. */
+static int (*g_py_gil_check)(void);
+static void *volatile g_null;
+/* Every other STENO_* variable (Python hook settings, redaction rules...), saved at
+ * start-up: hidden from the program like the rest, but handed to children and to the
+ * Python hooks through steno_getenv(). */
+static char g_extra[8192];
+static size_t g_extra_len; /* compared against nonnull-declared arguments */
+
+static const char *const CH_NAMES[NCH] = {"?", "clock", "entropy", "dirents", "identity", "wait",
+                                          "io"};
+
+/* ------------------------------------------------------------------ real functions */
+
+#define REAL_DECL(ret, name, args) static ret(*real_##name) args
+REAL_DECL(int, clock_gettime, (clockid_t, struct timespec *));
+REAL_DECL(int, gettimeofday, (struct timeval *, void *));
+REAL_DECL(time_t, time, (time_t *));
+REAL_DECL(int, timespec_get, (struct timespec *, int));
+REAL_DECL(clock_t, clock, (void));
+REAL_DECL(ssize_t, read, (int, void *, size_t));
+REAL_DECL(int, close, (int));
+REAL_DECL(DIR *, opendir, (const char *));
+REAL_DECL(DIR *, fdopendir, (int));
+REAL_DECL(struct dirent64 *, readdir64, (DIR *));
+REAL_DECL(struct dirent *, readdir, (DIR *));
+REAL_DECL(void, rewinddir, (DIR *));
+REAL_DECL(int, closedir, (DIR *));
+REAL_DECL(int, gethostname, (char *, size_t));
+REAL_DECL(int, uname, (struct utsname *));
+REAL_DECL(int, poll, (struct pollfd *, nfds_t, int));
+REAL_DECL(int, select, (int, fd_set *, fd_set *, fd_set *, struct timeval *));
+REAL_DECL(int, epoll_wait, (int, struct epoll_event *, int, int));
+REAL_DECL(int, epoll_pwait, (int, struct epoll_event *, int, int, const sigset_t *));
+REAL_DECL(pid_t, fork, (void));
+REAL_DECL(int, execve, (const char *, char *const[], char *const[]));
+REAL_DECL(int, execvpe, (const char *, char *const[], char *const[]));
+REAL_DECL(int, posix_spawn, (pid_t *, const char *, const posix_spawn_file_actions_t *,
+                             const posix_spawnattr_t *, char *const[], char *const[]));
+REAL_DECL(int, posix_spawnp, (pid_t *, const char *, const posix_spawn_file_actions_t *,
+                              const posix_spawnattr_t *, char *const[], char *const[]));
+REAL_DECL(int, system, (const char *));
+REAL_DECL(FILE *, popen, (const char *, const char *));
+REAL_DECL(int, pthread_create, (pthread_t *, const pthread_attr_t *, void *(*)(void *), void *));
+REAL_DECL(FILE *, fopen, (const char *, const char *));
+REAL_DECL(FILE *, fopen64, (const char *, const char *));
+REAL_DECL(void, _exit, (int)) __attribute__((noreturn));
+
+#define RESOLVE(name) \
+    do { \
+        if (!real_##name) real_##name = (__typeof__(real_##name))dlsym(RTLD_NEXT, #name); \
+    } while (0)
+
+/* ------------------------------------------------------------------ per-thread state */
+
+#define MAXT 1024
+#define BUFCAP (124 * 1024) /* one message; well under the send buffer an unprivileged process gets */
+
+typedef struct tbuf {
+    int used;
+    int lock;
+    uint32_t tindex;
+    uint32_t len;
+    unsigned char data[BUFCAP];
+} tbuf_t;
+
+typedef struct {
+    const unsigned char *base;
+    size_t size, off;
+    uint32_t pos;
+    int mapped;
+} stream_t;
+
+typedef struct {
+    int init;
+    int guard;
+    uint32_t tindex;
+    tbuf_t *tb;
+    stream_t st[NCH];
+    unsigned char *spare[2]; /* listing blocks kept for reuse: no mmap/munmap/faults per listing */
+} tls_t;
+
+static __thread tls_t T __attribute__((tls_model("initial-exec")));
+
+static void thread_init(void) {
+    T.tindex = __atomic_fetch_add(&g_tnext, 1, __ATOMIC_RELAXED);
+    T.init = 1;
+    if (g_inited) pthread_setspecific(g_key, (void *)1);
+}
+
+static inline tls_t *me(void) {
+    if (UNLIKELY(!T.init)) thread_init();
+    return &T;
+}
+
+#define DBLOCK (64u << 20) /* listing blocks: virtual, MAP_NORESERVE: only touched pages cost */
+
+/* Fast gate: are we recording or replaying, and not inside the shim already? */
+#define ACTIVE() (LIKELY(g_mode) && LIKELY(!T.guard))
+
+/* In a CPython process, a thread that does not hold the GIL cannot run Python code, so a
+ * clock it reads is incidental to the program's output: CPython reads CLOCK_MONOTONIC
+ * without the GIL only to compute deadlines of its own waits (take_gil's 5 ms timed
+ * condition wait, PyThread_acquire_lock_timed's semaphore deadline), and how many times
+ * take_gil loops depends on the scheduler. Such reads are served live in both modes and
+ * never taped, and the deadlines they produce are already in real time, so they are not
+ * translated (translate_deadline). Timed waits themselves (time.sleep releases the GIL
+ * around clock_nanosleep, whose deadline was computed with the GIL held), entropy,
+ * listings and identity stay taped whoever calls them: their number is the program's.
+ * PyGILState_Check reads runtime state and pthread_getspecific only: no lock, no
+ * allocation; it answers 1 before the runtime is initialised and after it is finalised,
+ * so start-up and shut-down reads of the main thread stay taped. */
+static inline int gil_free(void) {
+    return g_py_gil_check && !g_py_gil_check();
+}
+#define CLOCK_ACTIVE() (ACTIVE() && LIKELY(!gil_free()))
+
+#endif

@@ -1,0 +1,24 @@
+/* syscall(): the numbers the shim wraps go to their wrappers, the rest to the kernel. */
+
+EXPORT long syscall(long n, ...) {
+    va_list ap;
+    va_start(ap, n);
+    long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
+    long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
+    va_end(ap);
+    if (g_mode) {
+        switch (n) {
+        case SYS_getpid: return getpid();
+        case SYS_getppid: return getppid();
+        case SYS_gettid: return gettid();
+        case SYS_getrandom: return getrandom((void *)a, (size_t)b, (unsigned)c);
+        case SYS_clock_gettime: return clock_gettime((clockid_t)a, (struct timespec *)b);
+        case SYS_gettimeofday: return gettimeofday((struct timeval *)a, (void *)b);
+        case SYS_time: return time((time_t *)a);
+        case SYS_nanosleep: return nanosleep((const struct timespec *)a, (struct timespec *)b);
+        }
+    }
+    long r = rsys(n, a, b, c, d, e, f);
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    return r;
+}

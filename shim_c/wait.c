@@ -1,0 +1,224 @@
+/* Channel wait: sleeps, poll/select/epoll timeouts, and the translation of absolute
+ * deadlines given to cond/sem/mutex timed waits (replay). */
+
+typedef struct { int64_t sec, nsec; int32_t rc, pad; int64_t rsec, rnsec; } sleeprec_t;
+
+EXPORT int nanosleep(const struct timespec *req, struct timespec *rem) {
+    if (!ACTIVE() || !req) {
+        long r = RS2(SYS_nanosleep, req, rem);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return 0;
+    }
+    tls_t *t = me();
+    int64_t args[2] = {req->tv_sec, req->tv_nsec};
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_WAIT, OP_NANOSLEEP, args, 16, &n);
+        if (p) {
+            sleeprec_t s; memcpy(&s, p, sizeof s);
+            if (rem && s.rc) { rem->tv_sec = s.rsec; rem->tv_nsec = s.rnsec; }
+            if (s.rc) { errno = -s.rc; return -1; }
+            return 0;
+        }
+    }
+    struct timespec r2 = {0, 0};
+    long r = RS2(SYS_nanosleep, req, &r2);
+    if (rem) *rem = r2;
+    if (g_mode == MODE_RECORD) {
+        sleeprec_t s = {args[0], args[1], is_err(r) ? (int32_t)r : 0, 0, r2.tv_sec, r2.tv_nsec};
+        rec(t, CH_WAIT, OP_NANOSLEEP, &s, sizeof s);
+    }
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    return 0;
+}
+
+typedef struct { int32_t clock, flags; int64_t sec, nsec; int32_t rc, pad; int64_t rsec, rnsec; } csleeprec_t;
+
+EXPORT int clock_nanosleep(clockid_t clk, int flags, const struct timespec *req, struct timespec *rem) {
+    if (!ACTIVE() || !req) return (int)-RS4(SYS_clock_nanosleep, clk, flags, req, rem);
+    tls_t *t = me();
+    csleeprec_t s = {(int32_t)clk, flags, req->tv_sec, req->tv_nsec, 0, 0, 0, 0};
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_WAIT, OP_CLOCK_NANOSLEEP, &s, 24, &n);
+        if (p) {
+            memcpy(&s, p, sizeof s);
+            if (rem && s.rc && !(flags & TIMER_ABSTIME)) { rem->tv_sec = s.rsec; rem->tv_nsec = s.rnsec; }
+            return s.rc;
+        }
+    }
+    struct timespec r2 = {0, 0};
+    long r = RS4(SYS_clock_nanosleep, clk, flags, req, &r2);
+    if (rem && r == -EINTR && !(flags & TIMER_ABSTIME)) *rem = r2;
+    if (g_mode == MODE_RECORD) {
+        s.rc = (int32_t)-r; s.rsec = r2.tv_sec; s.rnsec = r2.tv_nsec;
+        rec(t, CH_WAIT, OP_CLOCK_NANOSLEEP, &s, sizeof s);
+    }
+    return (int)-r;
+}
+
+EXPORT unsigned int sleep(unsigned int secs) {
+    if (!ACTIVE()) {
+        struct timespec req = {secs, 0}, rem = {0, 0};
+        if (is_err(RS2(SYS_nanosleep, &req, &rem))) return (unsigned)rem.tv_sec;
+        return 0;
+    }
+    tls_t *t = me();
+    uint32_t s[2] = {secs, 0};
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_WAIT, OP_SLEEP, s, 4, &n);
+        if (p) { memcpy(s, p, 8); return s[1]; }
+    }
+    struct timespec req = {secs, 0}, rem = {0, 0};
+    s[1] = is_err(RS2(SYS_nanosleep, &req, &rem)) ? (uint32_t)rem.tv_sec : 0;
+    if (g_mode == MODE_RECORD) rec(t, CH_WAIT, OP_SLEEP, s, 8);
+    return s[1];
+}
+
+EXPORT int usleep(useconds_t us) {
+    struct timespec req = {us / 1000000, (long)(us % 1000000) * 1000};
+    if (!ACTIVE()) {
+        long r = RS2(SYS_nanosleep, &req, NULL);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return 0;
+    }
+    tls_t *t = me();
+    int32_t s[2] = {(int32_t)us, 0};
+    if (g_mode == MODE_REPLAY) {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_WAIT, OP_USLEEP, s, 4, &n);
+        if (p) { memcpy(s, p, 8); if (s[1]) { errno = -s[1]; return -1; } return 0; }
+    }
+    long r = RS2(SYS_nanosleep, &req, NULL);
+    s[1] = is_err(r) ? (int32_t)r : 0;
+    if (g_mode == MODE_RECORD) rec(t, CH_WAIT, OP_USLEEP, s, 8);
+    if (s[1]) { errno = -s[1]; return -1; }
+    return 0;
+}
+
+/* Timed waits: 1 = the recording says this call timed out with nothing ready. */
+static int wait_served(tls_t *t, int op, const void *args, uint32_t argn) {
+    uint32_t n;
+    const unsigned char *p = serve(t, CH_WAIT, op, args, argn, &n);
+    if (!p) return 0;
+    int32_t to; memcpy(&to, p + argn, 4);
+    return to;
+}
+
+static void wait_rec(tls_t *t, int op, const void *args, uint32_t argn, int32_t timed_out) {
+    unsigned char b[24];
+    memcpy(b, args, argn);
+    memcpy(b + argn, &timed_out, 4);
+    rec(t, CH_WAIT, op, b, argn + 4);
+}
+
+EXPORT int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
+    RESOLVE(poll);
+    if (ACTIVE() && poll_shaped(fds, nfds)) return io_poll(fds, nfds, timeout);
+    if (!ACTIVE() || timeout <= 0) return real_poll(fds, nfds, timeout);
+    tls_t *t = me();
+    int32_t args[2] = {timeout, (int32_t)nfds};
+    if (g_mode == MODE_REPLAY) {
+        if (wait_served(t, OP_POLL, args, 8)) {
+            for (nfds_t i = 0; i < nfds; i++) fds[i].revents = 0;
+            return 0;
+        }
+        return real_poll(fds, nfds, timeout);
+    }
+    int r = real_poll(fds, nfds, timeout);
+    int e = errno;
+    wait_rec(t, OP_POLL, args, 8, r == 0);
+    errno = e;
+    return r;
+}
+
+EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv) {
+    RESOLVE(select);
+    if (!ACTIVE() || !tv || (tv->tv_sec == 0 && tv->tv_usec == 0)) return real_select(nfds, r, w, x, tv);
+    tls_t *t = me();
+    int32_t a[4] = {nfds, 0, 0, 0};
+    int64_t us = (int64_t)tv->tv_sec * 1000000 + tv->tv_usec;
+    memcpy(a + 2, &us, 8);
+    if (g_mode == MODE_REPLAY) {
+        if (wait_served(t, OP_SELECT, a, 16)) {
+            if (r) FD_ZERO(r);
+            if (w) FD_ZERO(w);
+            if (x) FD_ZERO(x);
+            tv->tv_sec = 0; tv->tv_usec = 0;
+            return 0;
+        }
+        return real_select(nfds, r, w, x, tv);
+    }
+    int rc = real_select(nfds, r, w, x, tv);
+    int e = errno;
+    wait_rec(t, OP_SELECT, a, 16, rc == 0);
+    errno = e;
+    return rc;
+}
+
+EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout) {
+    RESOLVE(epoll_wait);
+    if (!ACTIVE() || timeout <= 0) return real_epoll_wait(ep, ev, max, timeout);
+    tls_t *t = me();
+    int32_t args[2] = {timeout, max};
+    if (g_mode == MODE_REPLAY) {
+        if (wait_served(t, OP_EPOLL, args, 8)) return 0;
+        return real_epoll_wait(ep, ev, max, timeout);
+    }
+    int r = real_epoll_wait(ep, ev, max, timeout);
+    int e = errno;
+    wait_rec(t, OP_EPOLL, args, 8, r == 0);
+    errno = e;
+    return r;
+}
+
+EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss) {
+    RESOLVE(epoll_pwait);
+    if (!ACTIVE() || timeout <= 0) return real_epoll_pwait(ep, ev, max, timeout, ss);
+    tls_t *t = me();
+    int32_t args[2] = {timeout, max};
+    if (g_mode == MODE_REPLAY) {
+        if (wait_served(t, OP_EPOLL, args, 8)) return 0;
+        return real_epoll_pwait(ep, ev, max, timeout, ss);
+    }
+    int r = real_epoll_pwait(ep, ev, max, timeout, ss);
+    int e = errno;
+    wait_rec(t, OP_EPOLL, args, 8, r == 0);
+    errno = e;
+    return r;
+}
+
+static const struct timespec *translate_deadline(int clk, const struct timespec *abs,
+                                                 struct timespec *out) {
+    if (g_mode != MODE_REPLAY || !abs || T.guard || gil_free()) return abs;
+    int64_t want = abs->tv_sec * 1000000000LL + abs->tv_nsec;
+    if (clk < 0) { /* unknown clock: the one whose served value is nearest */
+        int64_t dm = want - g_served_ns[CLOCK_MONOTONIC], dr = want - g_served_ns[CLOCK_REALTIME];
+        clk = (dm < 0 ? -dm : dm) < (dr < 0 ? -dr : dr) ? CLOCK_MONOTONIC : CLOCK_REALTIME;
+    }
+    if ((unsigned)clk >= 16 || !g_served_ns[clk]) return abs;
+    struct timespec now;
+    if (is_err(RS2(SYS_clock_gettime, clk, &now))) return abs;
+    int64_t t = now.tv_sec * 1000000000LL + now.tv_nsec + (want - g_served_ns[clk]);
+    out->tv_sec = t / 1000000000LL;
+    out->tv_nsec = t % 1000000000LL;
+    return out;
+}
+
+#define TIMED(ret, name, params, clk, absarg, call) \
+    EXPORT ret name params { \
+        static ret(*real) params; \
+        if (!real) real = (ret(*) params)dlsym(RTLD_NEXT, #name); \
+        struct timespec tr; \
+        const struct timespec *absarg##_t = translate_deadline((clk), absarg, &tr); \
+        return real call; \
+    }
+TIMED(int, pthread_cond_timedwait, (pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *a),
+      -1, a, (c, m, a_t))
+TIMED(int, pthread_cond_clockwait, (pthread_cond_t *c, pthread_mutex_t *m, clockid_t k, const struct timespec *a),
+      (int)k, a, (c, m, k, a_t))
+TIMED(int, sem_timedwait, (sem_t *s, const struct timespec *a), CLOCK_REALTIME, a, (s, a_t))
+TIMED(int, sem_clockwait, (sem_t *s, clockid_t k, const struct timespec *a), (int)k, a, (s, k, a_t))
+TIMED(int, pthread_mutex_timedlock, (pthread_mutex_t *m, const struct timespec *a), CLOCK_REALTIME, a, (m, a_t))
+TIMED(int, pthread_mutex_clocklock, (pthread_mutex_t *m, clockid_t k, const struct timespec *a), (int)k, a, (m, k, a_t))
