@@ -1,6 +1,7 @@
 /* Channel clock: clock_gettime, gettimeofday, time, timespec_get, clock. */
 
 typedef struct { int32_t arg; int32_t rc; int64_t a; int64_t b; } clockrec_t;
+_Static_assert(sizeof(clockrec_t) == 24, "clock payload: i32 arg | i32 rc | i64 a | i64 b");
 
 /* The hot path of record mode: one fixed-size clock record appended to this thread's
  * buffer with constant-size copies the compiler inlines; anything unusual (no buffer

@@ -240,36 +240,14 @@ static void map_stream(tls_t *t, int ch) {
     RS1(SYS_close, fd);
 }
 
+static const char *const OP_NAMES[NCH][16] = {
+#define OP(ch, op, name) [ch][op] = name,
+#include "wrapped.def"
+};
+
 static const char *op_name(int ch, int op) {
-    switch (ch * 16 + op) {
-    case CH_CLOCK * 16 + OP_CLOCK_GETTIME: return "clock_gettime";
-    case CH_CLOCK * 16 + OP_GETTIMEOFDAY: return "gettimeofday";
-    case CH_CLOCK * 16 + OP_TIME: return "time";
-    case CH_CLOCK * 16 + OP_TIMESPEC_GET: return "timespec_get";
-    case CH_CLOCK * 16 + OP_CLOCK: return "clock";
-    case CH_ENTROPY * 16 + OP_GETRANDOM: return "getrandom";
-    case CH_ENTROPY * 16 + OP_GETENTROPY: return "getentropy";
-    case CH_ENTROPY * 16 + OP_RANDOM_READ: return "read(/dev/urandom)";
-    case CH_ENTROPY * 16 + OP_GETRANDOM_RAW: return "syscall-instruction(getrandom)";
-    case CH_DIRENTS * 16 + OP_OPENDIR: return "opendir";
-    case CH_IDENTITY * 16 + OP_GETPID: return "getpid";
-    case CH_IDENTITY * 16 + OP_GETPPID: return "getppid";
-    case CH_IDENTITY * 16 + OP_GETTID: return "gettid";
-    case CH_IDENTITY * 16 + OP_GETHOSTNAME: return "gethostname";
-    case CH_IDENTITY * 16 + OP_UNAME: return "uname";
-    case CH_IDENTITY * 16 + OP_PROCINFO: return "procinfo";
-    case CH_WAIT * 16 + OP_NANOSLEEP: return "nanosleep";
-    case CH_WAIT * 16 + OP_CLOCK_NANOSLEEP: return "clock_nanosleep";
-    case CH_WAIT * 16 + OP_SLEEP: return "sleep";
-    case CH_WAIT * 16 + OP_USLEEP: return "usleep";
-    case CH_WAIT * 16 + OP_POLL: return "poll";
-    case CH_WAIT * 16 + OP_SELECT: return "select";
-    case CH_WAIT * 16 + OP_EPOLL: return "epoll_wait";
-    case CH_IO * 16 + OP_IO_READ: return "read(pipe)";
-    case CH_IO * 16 + OP_IO_POLL: return "poll(pipes)";
-    case CH_IO * 16 + OP_IO_WAIT: return "waitpid(WNOHANG)";
-    }
-    return "?";
+    const char *name = (unsigned)ch < NCH && (unsigned)op < 16 ? OP_NAMES[ch][op] : NULL;
+    return name ? name : "?";
 }
 
 /* "name(arg...)" from an op and its argument prefix. */

@@ -10,6 +10,7 @@ typedef struct {
 } dslot_t;
 
 #define NDIRS 512
+#define DENT_HEAD 11 /* a taped entry: u64 ino | u8 type | u16 namelen | name (unaligned) */
 
 static unsigned char *block_get(void) {
     for (int i = 0; i < 2; i++)
@@ -116,7 +117,7 @@ static int live_listing(dslot_t *s, DIR *d) {
 static void listing_record(tls_t *t, dslot_t *s, const char *path, int32_t err) {
     /* payload: u16 pathlen | path | i32 errno | u32 count | entries */
     size_t total = 2 + s_len(path) + 8;
-    for (uint32_t i = 0; i < s->count; i++) total += 11 + s_len(s->ents[i]->d_name);
+    for (uint32_t i = 0; i < s->count; i++) total += DENT_HEAD + s_len(s->ents[i]->d_name);
     unsigned char *buf = total <= DBLOCK ? block_get() : shim_map(total, -1);
     if (!buf) return;
     unsigned char *w = buf;
@@ -127,8 +128,8 @@ static void listing_record(tls_t *t, dslot_t *s, const char *path, int32_t err) 
         struct dirent64 *e = s->ents[i];
         uint16_t nl = (uint16_t)s_len(e->d_name);
         uint64_t ino = e->d_ino;
-        memcpy(w, &ino, 8); w[8] = e->d_type; memcpy(w + 9, &nl, 2); memcpy(w + 11, e->d_name, nl);
-        w += 11 + nl;
+        memcpy(w, &ino, 8); w[8] = e->d_type; memcpy(w + 9, &nl, 2); memcpy(w + DENT_HEAD, e->d_name, nl);
+        w += DENT_HEAD + nl;
     }
     rec(t, CH_DIRENTS, OP_OPENDIR, buf, (uint32_t)total);
     if (total <= DBLOCK) block_put(buf);
@@ -178,8 +179,8 @@ static DIR *listing_replay(tls_t *t, const char *path, DIR *live, int live_err) 
     for (uint32_t i = 0; i < count; i++) {
         uint64_t ino; uint16_t nl;
         memcpy(&ino, q, 8); memcpy(&nl, q + 9, 2);
-        block_add(s, &used, ino, q[8], (const char *)q + 11, nl);
-        q += 11 + nl;
+        block_add(s, &used, ino, q[8], (const char *)q + DENT_HEAD, nl);
+        q += DENT_HEAD + nl;
     }
     /* ents[] was filled back to front: reverse into recorded order */
     for (uint32_t i = 0, j = s->count ? s->count - 1 : 0; i < j; i++, j--) {
@@ -335,9 +336,8 @@ static int scandir_common(const char *path, struct dirent64 ***out, scan_filter_
 EXPORT int scandir64(const char *path, struct dirent64 ***out, scan_filter_t filter,
                      scan_compar_t compar) {
     if (!g_mode) {
-        static int (*real)(const char *, struct dirent64 ***, scan_filter_t, scan_compar_t);
-        if (!real) real = dlsym(RTLD_NEXT, "scandir64");
-        return real(path, out, filter, compar);
+        RESOLVE(scandir64);
+        return real_scandir64(path, out, filter, compar);
     }
     return scandir_common(path, out, filter, compar);
 }

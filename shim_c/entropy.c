@@ -3,6 +3,14 @@
 
 #define ECHUNK 32768 /* bigger requests are split, identically in both modes */
 
+/* Payload heads; the bytes follow. The arguments are the fields before rc. */
+typedef struct { uint32_t size, flags; int32_t rc; uint32_t zero; } randrec_t; /* getrandom */
+typedef struct { uint32_t size; int32_t rc; } entrec_t; /* getentropy, read(/dev/urandom) */
+_Static_assert(sizeof(randrec_t) == 16 && offsetof(randrec_t, rc) == 8,
+               "OP_GETRANDOM payload: u32 size | u32 flags | i32 rc | u32 0 | bytes[rc]");
+_Static_assert(sizeof(entrec_t) == 8 && offsetof(entrec_t, rc) == 4,
+               "OP_GETENTROPY / OP_RANDOM_READ payload: u32 size | i32 rc | bytes");
+
 static ssize_t entropy_chunk(int op, void *buf, uint32_t size, uint32_t flags, int fd) {
     tls_t *t = me();
     uint32_t args[2] = {size, flags};
@@ -14,7 +22,7 @@ static ssize_t entropy_chunk(int op, void *buf, uint32_t size, uint32_t flags, i
         if (p) {
             int32_t rc;
             memcpy(&rc, p + argn, 4);
-            uint32_t hdr = argn + (gr ? 8 : 4);
+            uint32_t hdr = gr ? sizeof(randrec_t) : sizeof(entrec_t);
             if (rc < 0) { errno = -rc; return -1; }
             uint32_t give = op == OP_GETENTROPY ? size : (uint32_t)rc;
             if (give > n - hdr) give = n - hdr;
@@ -27,14 +35,12 @@ static ssize_t entropy_chunk(int op, void *buf, uint32_t size, uint32_t flags, i
     else r = RS3(SYS_getrandom, buf, size, op == OP_GETENTROPY ? 0 : flags);
     if (op == OP_GETENTROPY && r >= 0 && (uint32_t)r != size) r = -EIO;
     if (g_mode == MODE_RECORD) {
-        unsigned char head[16];
         int32_t rc = is_err(r) ? (int32_t)r : (op == OP_GETENTROPY ? 0 : (int32_t)r);
         uint32_t data = is_err(r) ? 0 : (uint32_t)r;
-        memcpy(head, args, argn);
-        memcpy(head + argn, &rc, 4);
-        uint32_t hn = argn + 4;
-        if (gr) { memset(head + hn, 0, 4); hn += 4; }
-        rec2(t, CH_ENTROPY, op, head, hn, buf, data);
+        randrec_t h = {size, flags, rc, 0};
+        entrec_t e = {size, rc};
+        if (gr) rec2(t, CH_ENTROPY, op, &h, sizeof h, buf, data);
+        else rec2(t, CH_ENTROPY, op, &e, sizeof e, buf, data);
     }
     if (is_err(r)) { errno = (int)-r; return -1; }
     return op == OP_GETENTROPY ? 0 : r;

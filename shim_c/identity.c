@@ -1,6 +1,13 @@
 /* Channel identity: getpid, getppid, gettid, gethostname, uname, and the procinfo
  * record each process (or image) starts with. */
 
+typedef struct { int32_t pid, ppid; } procrec_t;
+typedef struct { uint32_t size; int32_t rc; uint32_t n; } hostrec_t; /* then bytes[n] */
+_Static_assert(sizeof(procrec_t) == 8, "OP_PROCINFO payload: i32 pid | i32 ppid");
+_Static_assert(sizeof(hostrec_t) == 12, "OP_GETHOSTNAME payload: u32 size | i32 rc | u32 n | bytes[n]");
+_Static_assert(sizeof(struct utsname) == 390, "OP_UNAME payload: i32 rc | struct utsname (390 bytes)");
+
+/* getpid, getppid, gettid: payload i32 value */
 static int32_t ident(int op, int32_t live) {
     tls_t *t = me();
     if (g_mode == MODE_REPLAY) {
@@ -25,17 +32,18 @@ static pid_t g_vpid, g_vppid;
 static void procinfo(void) {
     tls_t *t = me();
     T.guard++;
-    int32_t v[2] = {(int32_t)RS0(SYS_getpid), (int32_t)RS0(SYS_getppid)};
+    procrec_t v = {(int32_t)RS0(SYS_getpid), (int32_t)RS0(SYS_getppid)};
     if (g_mode == MODE_RECORD) {
-        rec(t, CH_IDENTITY, OP_PROCINFO, v, 8);
+        rec(t, CH_IDENTITY, OP_PROCINFO, &v, sizeof v);
     } else if (g_mode == MODE_REPLAY) {
         stream_t *s = &t->st[CH_IDENTITY];
         if (!s->mapped) map_stream(t, CH_IDENTITY);
         uint32_t n = 0;
         if (s->base && s->off + 16 <= s->size) memcpy(&n, s->base + s->off + 4, 4);
-        if (n >= 8 && s->base[s->off + 1] == OP_PROCINFO && s->off + 8 + n <= s->size) {
-            memcpy(&g_vpid, s->base + s->off + 8, 4);
-            memcpy(&g_vppid, s->base + s->off + 12, 4);
+        if (n >= sizeof v && s->base[s->off + 1] == OP_PROCINFO && s->off + 8 + n <= s->size) {
+            memcpy(&v, s->base + s->off + 8, sizeof v);
+            g_vpid = v.pid;
+            g_vppid = v.ppid;
             s->off += 8 + n;
             s->pos++;
         }
@@ -76,23 +84,20 @@ EXPORT int gethostname(char *name, size_t len) {
         uint32_t n;
         const unsigned char *p = serve(t, CH_IDENTITY, OP_GETHOSTNAME, &size, 4, &n);
         if (p) {
-            int32_t rc; uint32_t k;
-            memcpy(&rc, p + 4, 4); memcpy(&k, p + 8, 4);
-            if (rc) { errno = -rc; return -1; }
-            if (k > len) k = (uint32_t)len;
-            memcpy(name, p + 12, k);
+            hostrec_t h;
+            memcpy(&h, p, sizeof h);
+            if (h.rc) { errno = -h.rc; return -1; }
+            if (h.n > len) h.n = (uint32_t)len;
+            memcpy(name, p + sizeof h, h.n);
             return 0;
         }
         return real_gethostname(name, len);
     }
     int r = real_gethostname(name, len);
-    unsigned char head[12];
-    int32_t rc = r ? -errno : 0;
-    uint32_t k = 0;
-    if (!r) { while (k < len && name[k]) k++; if (k < len) k++; }
-    memcpy(head, &size, 4); memcpy(head + 4, &rc, 4); memcpy(head + 8, &k, 4);
-    rec2(t, CH_IDENTITY, OP_GETHOSTNAME, head, 12, name, k);
-    if (r) errno = -rc;
+    hostrec_t h = {size, r ? -errno : 0, 0};
+    if (!r) { while (h.n < len && name[h.n]) h.n++; if (h.n < len) h.n++; }
+    rec2(t, CH_IDENTITY, OP_GETHOSTNAME, &h, sizeof h, name, h.n);
+    if (r) errno = -h.rc;
     return r;
 }
 

@@ -2,13 +2,8 @@
  * filter, tape procinfo; at exit, ship everything and wait for the recorder. */
 
 static void resolve_all(void) {
-    RESOLVE(clock_gettime); RESOLVE(gettimeofday); RESOLVE(time); RESOLVE(timespec_get);
-    RESOLVE(clock); RESOLVE(read); RESOLVE(close); RESOLVE(opendir); RESOLVE(fdopendir);
-    RESOLVE(readdir64); RESOLVE(readdir); RESOLVE(rewinddir); RESOLVE(closedir);
-    RESOLVE(gethostname); RESOLVE(uname); RESOLVE(poll); RESOLVE(select);
-    RESOLVE(epoll_wait); RESOLVE(epoll_pwait); RESOLVE(fork); RESOLVE(execve);
-    RESOLVE(execvpe); RESOLVE(posix_spawn); RESOLVE(posix_spawnp); RESOLVE(system);
-    RESOLVE(popen); RESOLVE(pthread_create); RESOLVE(fopen); RESOLVE(fopen64); RESOLVE(_exit);
+#define REAL(name, ret, params, ch, op) RESOLVE(name);
+#include "wrapped.def"
 }
 
 static void copy_env(char *dst, size_t cap, const char *v) {

@@ -80,13 +80,18 @@ static void io_wait(int fd, short events, short want) {
     }
 }
 
+typedef struct { uint32_t asked; int32_t result; } ioread_t;
+typedef struct { int32_t options, result, status; } iowait_t;
+_Static_assert(sizeof(ioread_t) == 8, "OP_IO_READ payload: u32 asked | i32 result");
+_Static_assert(sizeof(iowait_t) == 12, "OP_IO_WAIT payload: i32 options | i32 result | i32 status");
+
 static ssize_t io_read(int fd, void *buf, size_t n) {
     tls_t *t = me();
     uint32_t asked = n > 0x7fffffff ? 0x7fffffff : (uint32_t)n;
     if (g_mode == MODE_RECORD) {
         long r = RS3(SYS_read, fd, buf, n);
-        int32_t out[2] = {(int32_t)asked, is_err(r) ? (int32_t)r : (int32_t)r};
-        rec(t, CH_IO, OP_IO_READ, out, 8);
+        ioread_t out = {asked, (int32_t)r};
+        rec(t, CH_IO, OP_IO_READ, &out, sizeof out);
         if (is_err(r)) { errno = (int)-r; return -1; }
         return r;
     }
@@ -98,7 +103,7 @@ static ssize_t io_read(int fd, void *buf, size_t n) {
         return r;
     }
     int32_t want;
-    memcpy(&want, p + 4, 4);
+    memcpy(&want, p + offsetof(ioread_t, result), 4);
     if (want < 0) { errno = -want; return -1; }  /* EAGAIN, EINTR...: as recorded */
     size_t got = 0;
     for (;;) {
@@ -124,8 +129,8 @@ static pid_t io_wait4(pid_t pid, int *status, int options, struct rusage *ru) {
     if (g_mode == MODE_RECORD) {
         int st = 0;
         long r = RS4(SYS_wait4, pid, &st, options, ru);
-        int32_t out[3] = {opt, (int32_t)r, st};
-        rec(t, CH_IO, OP_IO_WAIT, out, 12);
+        iowait_t out = {opt, (int32_t)r, st};
+        rec(t, CH_IO, OP_IO_WAIT, &out, sizeof out);
         if (is_err(r)) { errno = (int)-r; return -1; }
         if (status) *status = st;
         return (pid_t)r;
@@ -137,7 +142,7 @@ static pid_t io_wait4(pid_t pid, int *status, int options, struct rusage *ru) {
         r = RS4(SYS_wait4, pid, status, options, ru);
     } else {
         int32_t res;
-        memcpy(&res, p + 4, 4);
+        memcpy(&res, p + offsetof(iowait_t, result), 4);
         if (res == 0) return 0;
         if (res < 0) { errno = -res; return -1; }
         do r = RS4(SYS_wait4, pid, status, options & ~WNOHANG, ru); while (r == -EINTR);

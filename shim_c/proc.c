@@ -242,5 +242,6 @@ EXPORT void _exit(int status) {
     RESOLVE(_exit);
     final_flush();
     real__exit(status);
+    __builtin_unreachable();
 }
 EXPORT void _Exit(int status) { _exit(status); }

@@ -120,41 +120,16 @@ static size_t g_extra_len; /* compared against nonnull-declared arguments */
 static const char *const CH_NAMES[NCH] = {"?", "clock", "entropy", "dirents", "identity", "wait",
                                           "io"};
 
-/* ------------------------------------------------------------------ real functions */
+/* ------------------------------------------------------------------ wrapped symbols */
 
+/* wrapped.def lists every symbol the shim intercepts. Each row declares its wrapper (so
+ * a definition that does not match its row fails to compile) and, for REAL rows,
+ * real_<name>: libc's own, set by resolve_all() at start-up and by RESOLVE(name) in a
+ * wrapper that can run before the constructor. */
 #define REAL_DECL(ret, name, args) static ret(*real_##name) args
-REAL_DECL(int, clock_gettime, (clockid_t, struct timespec *));
-REAL_DECL(int, gettimeofday, (struct timeval *, void *));
-REAL_DECL(time_t, time, (time_t *));
-REAL_DECL(int, timespec_get, (struct timespec *, int));
-REAL_DECL(clock_t, clock, (void));
-REAL_DECL(ssize_t, read, (int, void *, size_t));
-REAL_DECL(int, close, (int));
-REAL_DECL(DIR *, opendir, (const char *));
-REAL_DECL(DIR *, fdopendir, (int));
-REAL_DECL(struct dirent64 *, readdir64, (DIR *));
-REAL_DECL(struct dirent *, readdir, (DIR *));
-REAL_DECL(void, rewinddir, (DIR *));
-REAL_DECL(int, closedir, (DIR *));
-REAL_DECL(int, gethostname, (char *, size_t));
-REAL_DECL(int, uname, (struct utsname *));
-REAL_DECL(int, poll, (struct pollfd *, nfds_t, int));
-REAL_DECL(int, select, (int, fd_set *, fd_set *, fd_set *, struct timeval *));
-REAL_DECL(int, epoll_wait, (int, struct epoll_event *, int, int));
-REAL_DECL(int, epoll_pwait, (int, struct epoll_event *, int, int, const sigset_t *));
-REAL_DECL(pid_t, fork, (void));
-REAL_DECL(int, execve, (const char *, char *const[], char *const[]));
-REAL_DECL(int, execvpe, (const char *, char *const[], char *const[]));
-REAL_DECL(int, posix_spawn, (pid_t *, const char *, const posix_spawn_file_actions_t *,
-                             const posix_spawnattr_t *, char *const[], char *const[]));
-REAL_DECL(int, posix_spawnp, (pid_t *, const char *, const posix_spawn_file_actions_t *,
-                              const posix_spawnattr_t *, char *const[], char *const[]));
-REAL_DECL(int, system, (const char *));
-REAL_DECL(FILE *, popen, (const char *, const char *));
-REAL_DECL(int, pthread_create, (pthread_t *, const pthread_attr_t *, void *(*)(void *), void *));
-REAL_DECL(FILE *, fopen, (const char *, const char *));
-REAL_DECL(FILE *, fopen64, (const char *, const char *));
-REAL_DECL(void, _exit, (int)) __attribute__((noreturn));
+#define REAL(name, ret, params, ch, op) REAL_DECL(ret, name, params); EXPORT ret name params;
+#define RAW(name, ret, params, ch, op) EXPORT ret name params;
+#include "wrapped.def"
 
 #define RESOLVE(name) \
     do { \

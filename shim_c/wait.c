@@ -1,7 +1,23 @@
 /* Channel wait: sleeps, poll/select/epoll timeouts, and the translation of absolute
  * deadlines given to cond/sem/mutex timed waits (replay). */
 
+/* Payloads; the arguments are the fields before rc (before timed_out for the waits). */
 typedef struct { int64_t sec, nsec; int32_t rc, pad; int64_t rsec, rnsec; } sleeprec_t;
+typedef struct { int32_t clock, flags; int64_t sec, nsec; int32_t rc, pad; int64_t rsec, rnsec; } csleeprec_t;
+typedef struct { uint32_t secs, rc; } secsrec_t; /* sleep */
+typedef struct { uint32_t usec; int32_t rc; } usrec_t; /* usleep */
+typedef struct { int32_t timeout_ms; uint32_t nfds; } pollargs_t; /* then i32 timed_out */
+typedef struct { int32_t nfds, zero; int64_t timeout_us; } selargs_t; /* then i32 timed_out */
+typedef struct { int32_t timeout_ms, maxevents; } epollargs_t; /* then i32 timed_out */
+_Static_assert(sizeof(sleeprec_t) == 40 && offsetof(sleeprec_t, rc) == 16,
+               "OP_NANOSLEEP payload: i64 sec | i64 nsec | i32 rc | i32 0 | i64 rem sec | i64 rem nsec");
+_Static_assert(sizeof(csleeprec_t) == 48 && offsetof(csleeprec_t, rc) == 24,
+               "OP_CLOCK_NANOSLEEP payload: i32 clock | i32 flags | i64 sec | i64 nsec | i32 rc | i32 0 | rem");
+_Static_assert(sizeof(secsrec_t) == 8, "OP_SLEEP payload: u32 seconds | u32 rc");
+_Static_assert(sizeof(usrec_t) == 8, "OP_USLEEP payload: u32 usec | i32 rc");
+_Static_assert(sizeof(pollargs_t) == 8, "OP_POLL payload: i32 timeout_ms | u32 nfds | i32 timed_out");
+_Static_assert(sizeof(selargs_t) == 16, "OP_SELECT payload: i32 nfds | i32 0 | i64 timeout_us | i32 timed_out");
+_Static_assert(sizeof(epollargs_t) == 8, "OP_EPOLL payload: i32 timeout_ms | i32 maxevents | i32 timed_out");
 
 EXPORT int nanosleep(const struct timespec *req, struct timespec *rem) {
     if (!ACTIVE() || !req) {
@@ -31,8 +47,6 @@ EXPORT int nanosleep(const struct timespec *req, struct timespec *rem) {
     if (is_err(r)) { errno = (int)-r; return -1; }
     return 0;
 }
-
-typedef struct { int32_t clock, flags; int64_t sec, nsec; int32_t rc, pad; int64_t rsec, rnsec; } csleeprec_t;
 
 EXPORT int clock_nanosleep(clockid_t clk, int flags, const struct timespec *req, struct timespec *rem) {
     if (!ACTIVE() || !req) return (int)-RS4(SYS_clock_nanosleep, clk, flags, req, rem);
@@ -64,16 +78,16 @@ EXPORT unsigned int sleep(unsigned int secs) {
         return 0;
     }
     tls_t *t = me();
-    uint32_t s[2] = {secs, 0};
+    secsrec_t s = {secs, 0};
     if (g_mode == MODE_REPLAY) {
         uint32_t n;
-        const unsigned char *p = serve(t, CH_WAIT, OP_SLEEP, s, 4, &n);
-        if (p) { memcpy(s, p, 8); return s[1]; }
+        const unsigned char *p = serve(t, CH_WAIT, OP_SLEEP, &s, 4, &n);
+        if (p) { memcpy(&s, p, sizeof s); return s.rc; }
     }
     struct timespec req = {secs, 0}, rem = {0, 0};
-    s[1] = is_err(RS2(SYS_nanosleep, &req, &rem)) ? (uint32_t)rem.tv_sec : 0;
-    if (g_mode == MODE_RECORD) rec(t, CH_WAIT, OP_SLEEP, s, 8);
-    return s[1];
+    s.rc = is_err(RS2(SYS_nanosleep, &req, &rem)) ? (uint32_t)rem.tv_sec : 0;
+    if (g_mode == MODE_RECORD) rec(t, CH_WAIT, OP_SLEEP, &s, sizeof s);
+    return s.rc;
 }
 
 EXPORT int usleep(useconds_t us) {
@@ -84,16 +98,16 @@ EXPORT int usleep(useconds_t us) {
         return 0;
     }
     tls_t *t = me();
-    int32_t s[2] = {(int32_t)us, 0};
+    usrec_t s = {us, 0};
     if (g_mode == MODE_REPLAY) {
         uint32_t n;
-        const unsigned char *p = serve(t, CH_WAIT, OP_USLEEP, s, 4, &n);
-        if (p) { memcpy(s, p, 8); if (s[1]) { errno = -s[1]; return -1; } return 0; }
+        const unsigned char *p = serve(t, CH_WAIT, OP_USLEEP, &s, 4, &n);
+        if (p) { memcpy(&s, p, sizeof s); if (s.rc) { errno = -s.rc; return -1; } return 0; }
     }
     long r = RS2(SYS_nanosleep, &req, NULL);
-    s[1] = is_err(r) ? (int32_t)r : 0;
-    if (g_mode == MODE_RECORD) rec(t, CH_WAIT, OP_USLEEP, s, 8);
-    if (s[1]) { errno = -s[1]; return -1; }
+    s.rc = is_err(r) ? (int32_t)r : 0;
+    if (g_mode == MODE_RECORD) rec(t, CH_WAIT, OP_USLEEP, &s, sizeof s);
+    if (s.rc) { errno = -s.rc; return -1; }
     return 0;
 }
 
@@ -118,9 +132,9 @@ EXPORT int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     if (ACTIVE() && poll_shaped(fds, nfds)) return io_poll(fds, nfds, timeout);
     if (!ACTIVE() || timeout <= 0) return real_poll(fds, nfds, timeout);
     tls_t *t = me();
-    int32_t args[2] = {timeout, (int32_t)nfds};
+    pollargs_t args = {timeout, (uint32_t)nfds};
     if (g_mode == MODE_REPLAY) {
-        if (wait_served(t, OP_POLL, args, 8)) {
+        if (wait_served(t, OP_POLL, &args, sizeof args)) {
             for (nfds_t i = 0; i < nfds; i++) fds[i].revents = 0;
             return 0;
         }
@@ -128,7 +142,7 @@ EXPORT int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     }
     int r = real_poll(fds, nfds, timeout);
     int e = errno;
-    wait_rec(t, OP_POLL, args, 8, r == 0);
+    wait_rec(t, OP_POLL, &args, sizeof args, r == 0);
     errno = e;
     return r;
 }
@@ -137,11 +151,9 @@ EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
     RESOLVE(select);
     if (!ACTIVE() || !tv || (tv->tv_sec == 0 && tv->tv_usec == 0)) return real_select(nfds, r, w, x, tv);
     tls_t *t = me();
-    int32_t a[4] = {nfds, 0, 0, 0};
-    int64_t us = (int64_t)tv->tv_sec * 1000000 + tv->tv_usec;
-    memcpy(a + 2, &us, 8);
+    selargs_t a = {nfds, 0, (int64_t)tv->tv_sec * 1000000 + tv->tv_usec};
     if (g_mode == MODE_REPLAY) {
-        if (wait_served(t, OP_SELECT, a, 16)) {
+        if (wait_served(t, OP_SELECT, &a, sizeof a)) {
             if (r) FD_ZERO(r);
             if (w) FD_ZERO(w);
             if (x) FD_ZERO(x);
@@ -152,7 +164,7 @@ EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
     }
     int rc = real_select(nfds, r, w, x, tv);
     int e = errno;
-    wait_rec(t, OP_SELECT, a, 16, rc == 0);
+    wait_rec(t, OP_SELECT, &a, sizeof a, rc == 0);
     errno = e;
     return rc;
 }
@@ -161,14 +173,14 @@ EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout) {
     RESOLVE(epoll_wait);
     if (!ACTIVE() || timeout <= 0) return real_epoll_wait(ep, ev, max, timeout);
     tls_t *t = me();
-    int32_t args[2] = {timeout, max};
+    epollargs_t args = {timeout, max};
     if (g_mode == MODE_REPLAY) {
-        if (wait_served(t, OP_EPOLL, args, 8)) return 0;
+        if (wait_served(t, OP_EPOLL, &args, sizeof args)) return 0;
         return real_epoll_wait(ep, ev, max, timeout);
     }
     int r = real_epoll_wait(ep, ev, max, timeout);
     int e = errno;
-    wait_rec(t, OP_EPOLL, args, 8, r == 0);
+    wait_rec(t, OP_EPOLL, &args, sizeof args, r == 0);
     errno = e;
     return r;
 }
@@ -177,14 +189,14 @@ EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, con
     RESOLVE(epoll_pwait);
     if (!ACTIVE() || timeout <= 0) return real_epoll_pwait(ep, ev, max, timeout, ss);
     tls_t *t = me();
-    int32_t args[2] = {timeout, max};
+    epollargs_t args = {timeout, max};
     if (g_mode == MODE_REPLAY) {
-        if (wait_served(t, OP_EPOLL, args, 8)) return 0;
+        if (wait_served(t, OP_EPOLL, &args, sizeof args)) return 0;
         return real_epoll_pwait(ep, ev, max, timeout, ss);
     }
     int r = real_epoll_pwait(ep, ev, max, timeout, ss);
     int e = errno;
-    wait_rec(t, OP_EPOLL, args, 8, r == 0);
+    wait_rec(t, OP_EPOLL, &args, sizeof args, r == 0);
     errno = e;
     return r;
 }
@@ -208,11 +220,10 @@ static const struct timespec *translate_deadline(int clk, const struct timespec 
 
 #define TIMED(ret, name, params, clk, absarg, call) \
     EXPORT ret name params { \
-        static ret(*real) params; \
-        if (!real) real = (ret(*) params)dlsym(RTLD_NEXT, #name); \
+        RESOLVE(name); \
         struct timespec tr; \
         const struct timespec *absarg##_t = translate_deadline((clk), absarg, &tr); \
-        return real call; \
+        return real_##name call; \
     }
 TIMED(int, pthread_cond_timedwait, (pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *a),
       -1, a, (c, m, a_t))
