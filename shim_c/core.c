@@ -94,7 +94,7 @@ static int sock_connect(void) {
 static void ship(uint16_t type, uint32_t tindex, const void *body, size_t n) {
     if (!sock_connect()) return;
     unsigned char hdr[14 + 256];
-    memcpy(hdr, "STP1", 4);
+    memcpy(hdr, STENO_MAGIC, 4);
     memcpy(hdr + 4, &type, 2);
     memset(hdr + 6, 0, 2);
     memcpy(hdr + 8, &tindex, 4);

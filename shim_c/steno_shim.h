@@ -1,6 +1,7 @@
 /* stenograph shim: wire constants shared by record and replay.
  *
- * The Python side (stenograph.recorder.tape) mirrors these numbers; docs/shim-protocol.md
+ * The Python side mirrors these numbers (stenograph.recorder.tape, interpose.shim,
+ * interpose.pytape; tests/test_shim_constants.py holds them equal); docs/shim-protocol.md
  * is the spec. Bump STENO_PROTOCOL when a layout below changes.
  */
 #ifndef STENO_SHIM_H
@@ -8,7 +9,9 @@
 
 #define STENO_PROTOCOL 1
 
-/* message types (u16 after the "STP1" magic) */
+#define STENO_MAGIC "STP1" /* first 4 bytes of every message */
+
+/* message types (u16 after the magic) */
 #define MSG_DATA 1
 #define MSG_BARRIER 2
 #define MSG_EXIT 3

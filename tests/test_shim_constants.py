@@ -1,0 +1,101 @@
+"""The numbers and names C and Python share agree, value by value.
+
+shim_c/steno_shim.h is the truth for numbers, shim_c/wrapped.def for op names and for
+what the library exports; the Python modules keep mirrors of them, which would drift
+silently: a record written under one number and read under another is misread, not
+refused.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stenograph.interpose import pytape, shim
+from stenograph.recorder import tape
+
+SHIM_C = Path(__file__).resolve().parent.parent / "shim_c"
+DEFINE = re.compile(r"^#define\s+(\w+)\s+(\d+|\"[^\"]*\")", re.MULTILINE)
+OP_ROW = re.compile(r"^OP\((CH_\w+),\s*(OP_\w+),\s*\"([^\"]*)\"\)", re.MULTILINE)
+SYM_ROW = re.compile(r"^(REAL|RAW)\((\w+),.*,\s*(CH_\w+|0),\s*(OP_\w+|0)\)\s*$", re.MULTILINE)
+
+
+def header() -> dict[str, int | str]:
+    out: dict[str, int | str] = {}
+    for name, value in DEFINE.findall((SHIM_C / "steno_shim.h").read_text()):
+        out[name] = value.strip('"') if value.startswith('"') else int(value)
+    return out
+
+
+def test_header_parses() -> None:
+    h = header()
+    assert {"STENO_PROTOCOL", "MSG_DATA", "CH_CLOCK", "OP_CLOCK_GETTIME", "NCH",
+            "DIVERGENCE_EXIT", "STENO_MAGIC"} <= set(h)
+
+
+MIRRORS = [
+    ("STENO_PROTOCOL", "stenograph.interpose.shim.PROTOCOL", shim.PROTOCOL),
+    ("STENO_MAGIC", "stenograph.recorder.tape.MAGIC", tape.MAGIC.decode()),
+    ("MSG_DATA", "stenograph.recorder.tape.MSG_DATA", tape.MSG_DATA),
+    ("MSG_BARRIER", "stenograph.recorder.tape.MSG_BARRIER", tape.MSG_BARRIER),
+    ("MSG_EXIT", "stenograph.recorder.tape.MSG_EXIT", tape.MSG_EXIT),
+    ("DIVERGENCE_EXIT", "stenograph.recorder.tape.DIVERGENCE_EXIT", tape.DIVERGENCE_EXIT),
+    ("DIVERGENCE_EXIT", "stenograph.interpose.pytape.DIVERGED_EXIT", pytape.DIVERGED_EXIT),
+]
+
+
+@pytest.mark.parametrize(("c_name", "py_name", "py_value"), MIRRORS,
+                         ids=[py for _c, py, _v in MIRRORS])
+def test_protocol_magic_messages_and_exit_codes(c_name: str, py_name: str,
+                                                py_value: object) -> None:
+    assert header()[c_name] == py_value, f"{c_name} in steno_shim.h vs {py_name}"
+
+
+def test_channels() -> None:
+    h = header()
+    channels = {v: k[3:].lower() for k, v in h.items() if k.startswith("CH_")}
+    assert channels == tape.CHANNELS
+    assert h["NCH"] == max(channels) + 1
+    # the stream file names the shim opens at replay (TAPE/<proc>/<thread>.<channel>)
+    m = re.search(r"CH_NAMES\[NCH\]\s*=\s*\{([^}]*)\}", (SHIM_C / "shim.h").read_text())
+    assert m
+    c_names = re.findall(r"\"([^\"]*)\"", m.group(1))
+    assert dict(enumerate(c_names[1:], 1)) == tape.CHANNELS
+
+
+def op_table() -> dict[tuple[int, int], str]:
+    h = header()
+    rows = OP_ROW.findall((SHIM_C / "wrapped.def").read_text())
+    table = {(int(h[ch]), int(h[op])): name for ch, op, name in rows}
+    assert len(table) == len(rows), "two OP rows for one (channel, op)"
+    return table
+
+
+def test_every_op_has_one_name_and_python_agrees() -> None:
+    h = header()
+    table = op_table()
+    named = {op for _ch, op, _name in OP_ROW.findall((SHIM_C / "wrapped.def").read_text())}
+    assert named == {k for k in h if k.startswith("OP_")}, "an OP_ define without an OP row"
+    assert table == tape.OP_NAMES
+
+
+def test_symbol_rows_name_known_ops_and_match_the_exports() -> None:
+    h = header()
+    rows = SYM_ROW.findall((SHIM_C / "wrapped.def").read_text())
+    assert len(rows) > 60
+    table = op_table()
+    for _kind, name, ch, op in rows:
+        if op != "0":
+            assert (h[ch], h[op]) in table, name
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm")
+    out = subprocess.run([nm, "-D", "--defined-only", shim.shim_path()], capture_output=True,
+                         text=True, check=True).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    hooks = {"steno_pause", "steno_resume", "steno_getenv"}
+    assert exported - hooks == {name for _kind, name, _ch, _op in rows}
