@@ -8,9 +8,11 @@ refused.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,35 @@ def test_symbol_rows_name_known_ops_and_match_the_exports() -> None:
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
     hooks = {"steno_pause", "steno_resume", "steno_getenv"}
     assert exported - hooks == {name for _kind, name, _ch, _op in rows}
+
+
+def test_replay_refuses_a_recording_of_another_shim_protocol(tmp_path: Path) -> None:
+    """Records are read by layout: another protocol's tape would be misserved, not refused."""
+    from stenograph.recorder.trajfile import read_trajectory, write_trajectory
+
+    cli = [sys.executable, "-m", "stenograph"]
+    rec = tmp_path / "echo.steno"
+    p = subprocess.run([*cli, "record", "-o", str(rec), "--", "echo", "hi"],
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    tf = read_trajectory(rec)
+    events = []
+    for ev in tf.events:
+        if ev.kind == "RunStarted":
+            assert str(ev.body["shim"]).split("/")[0] == str(shim.PROTOCOL)
+            ev = dataclasses.replace(ev, body={**ev.body, "shim": "999/0123456789abcdef"})
+        events.append(ev)
+    old = tmp_path / "old.steno"
+    write_trajectory(old, tf.traj, events)
+    tape_dir = tmp_path / "tape"
+    p = subprocess.run([*cli, "replay", "--keep-tape", str(tape_dir), str(old)],
+                       capture_output=True, timeout=60)
+    assert p.returncode == 2
+    lines = p.stderr.decode().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("stenograph: error: recorded with shim protocol 999; "
+                               f"this stenograph speaks {shim.PROTOCOL}"), lines
+    assert not p.stdout
+    assert not tape_dir.exists(), "nothing may be prepared for a refused replay"
+    p = subprocess.run([*cli, "replay", str(rec)], capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr

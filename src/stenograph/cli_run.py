@@ -37,7 +37,7 @@ from stenograph.interpose.launch import (
 )
 from stenograph.interpose.pyenv import hook_env
 from stenograph.interpose.redact import RedactionRules
-from stenograph.interpose.shim import shim_path, shim_version
+from stenograph.interpose.shim import PROTOCOL, shim_path, shim_version
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import BadInput, CorruptLog, ReplayDiverged
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
@@ -213,6 +213,10 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool,
            keep_tape: str | None, cmd: tuple[str, ...]) -> None:
     """Re-run a recorded command, serving every recorded clock, byte and listing."""
     started, ended, events, blobs = _load(file)
+    recorded = str(started.get("shim") or "?").partition("/")[0]
+    if recorded != str(PROTOCOL):
+        raise BadInput(f"recorded with shim protocol {recorded}; this stenograph speaks "
+                       f"{PROTOCOL}", file)
     argv = list(cmd) or [str(a) for a in started["argv"]]
     tape = Path(keep_tape) if keep_tape else Path(tempfile.mkdtemp(prefix="steno-tape-"))
     try:
