@@ -1,0 +1,324 @@
+"""The record/replay logic the three HTTP hooks share: one seam, phases a hook calls.
+
+Each hook (httpx, requests, aiohttp) keeps only its library's code: where the
+request leaves, how a response is built, which exception a broken connection is.
+Everything else happens here, in the same order for every library, so a fix to
+the tape logic is made once:
+
+* ``begin``: classify the URL, claim the stream position, describe the request;
+* ``Call.replayed``: the recorded entry, or the library's own connection error;
+* ``Call.sending`` / ``Call.failed``: the real call, an exception committed as an
+  error entry;
+* ``Call.received`` -> ``Body``: the response being recorded; ``Body.finished``
+  commits it with its chunk sizes and whether it was read to the end;
+* ``Chunks`` / ``AsyncChunks``: one response body as the program reads it, chunk
+  by chunk, pulled off the wire as it arrives (record) or from the tape in the
+  recorded boundaries (replay), so the library code above runs the same in both;
+* ``passthrough`` / ``apassthrough``: the library's own work run with the C
+  shim's tape paused (replay never does it, so it must not be on the tape).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from stenograph.interpose.exchange import (
+    classify,
+    describe,
+    error_body,
+    response_headers,
+    split_chunks,
+)
+from stenograph.interpose.pytape import PyTape, ReplayExhausted
+
+T = TypeVar("T")
+
+Rebuild = Callable[[dict[str, Any]], BaseException]
+"""A recorded error (``error_body``) back as the library's exception."""
+
+Pull = Callable[[], tuple[bytes, bool]]
+"""One read off the wire: (bytes, whether the body ended with them)."""
+
+
+def passthrough(tape: PyTape, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` with the tape paused: the library's own work, which replay skips."""
+    with tape.shim.paused():
+        return fn(*args)
+
+
+async def apassthrough(tape: PyTape, aw: Awaitable[T]) -> T:
+    """The async twin of ``passthrough``."""
+    with tape.shim.paused():
+        return await aw
+
+
+def rebuild_error(err: dict[str, Any], modules: tuple[str, ...],
+                  fallback: Callable[[str], BaseException]) -> BaseException:
+    """The recorded exception as an instance of its own class when that class lives in one
+    of ``modules`` (the library's own), carrying the recorded message as its only argument
+    (``str()`` is then what the program saw); else ``fallback(message)``."""
+    message = err.get("message", "")
+    if err.get("module") in modules:
+        with contextlib.suppress(Exception):
+            cls = getattr(importlib.import_module(err["module"]), err["type"])
+            if isinstance(cls, type) and issubclass(cls, Exception):
+                exc = cls.__new__(cls)
+                exc.args = (message,)
+                return exc
+    return fallback(message)
+
+
+@dataclass
+class Replayed:
+    """A recorded response, ready for a hook to build its library's response from."""
+
+    status: int
+    reason: str | None
+    headers: list[list[str]]
+    ext: dict[str, Any]
+    chunks: list[bytes]
+    complete: bool
+    error: dict[str, Any] | None
+
+
+@dataclass
+class Body:
+    """A response being recorded: committed once, when finished or abandoned."""
+
+    call: Call
+    status: int
+    headers: list[tuple[str, str]]
+    reason: str | None = None
+    ext: dict[str, Any] = field(default_factory=dict)
+    chunks: list[bytes] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    done: bool = False
+
+    def broke(self, exc: BaseException) -> None:
+        """The wire broke mid-body: keep the chunks so far and what went wrong."""
+        self.error = error_body(exc)
+        self.finished(complete=False)
+
+    def finished(self, complete: bool) -> None:
+        """Commit the response (durable when this returns); later calls do nothing."""
+        if self.done:
+            return
+        self.done = True
+        tape = self.call.tape
+        response: dict[str, Any] = {
+            "status": self.status,
+            "headers": response_headers(tape, self.headers),
+            "body": tape.spill(b"".join(self.chunks)),
+            "chunks": [len(c) for c in self.chunks],
+            "complete": complete,
+        }
+        if self.reason is not None:
+            response["reason"] = self.reason
+        if self.ext:
+            response["ext"] = self.ext
+        with tape.shim.paused():
+            self.call.commit(response, self.error)
+
+
+class Call:
+    """One intercepted exchange, from ``begin`` to its committed (or replayed) entry."""
+
+    def __init__(self, tape: PyTape, method: str, url: str, headers: list[tuple[str, str]],
+                 body: bytes) -> None:
+        self.tape = tape
+        self.channel = classify(url)
+        self.pos = tape.begin(self.channel)
+        self.request, self.match, self.fp = describe(tape, method, url, headers, body)
+
+    def commit(self, response: dict[str, Any] | None, error: dict[str, Any] | None) -> None:
+        self.tape.commit(self.channel, self.pos, {"fingerprint": self.fp, "request": self.request,
+                                                  "response": response, "error": error})
+
+    def replayed(self, rebuild: Rebuild, exhausted: Callable[[str], BaseException]) -> Replayed:
+        """The recorded answer; a recorded connection error is raised as ``rebuild`` says."""
+        try:
+            entry = self.tape.take(self.channel, self.pos, self.match, self.fp)
+        except ReplayExhausted as exc:
+            raise exhausted(str(exc)) from None
+        resp = entry.get("response")
+        if resp is None:
+            raise rebuild(entry["error"])
+        return Replayed(
+            status=resp["status"], reason=resp.get("reason"), headers=resp["headers"],
+            ext=dict(resp.get("ext") or {}),
+            chunks=split_chunks(self.tape.resolve(resp["body"]), resp["chunks"]),
+            complete=resp.get("complete", True), error=entry.get("error"),
+        )
+
+    def failed(self, exc: BaseException) -> None:
+        """The request got no response: commit what it raised."""
+        with self.tape.shim.paused():
+            self.commit(None, error_body(exc))
+
+    @contextlib.contextmanager
+    def sending(self) -> Iterator[None]:
+        """The real call, tape paused; what it raises is committed, then re-raised."""
+        with self.tape.shim.paused():
+            try:
+                yield
+            except Exception as exc:
+                self.failed(exc)
+                raise
+
+    def received(self, status: int, headers: list[tuple[str, str]], *,
+                 reason: str | None = None, ext: dict[str, Any] | None = None) -> Body:
+        """The response head arrived: its body is recorded as the program reads it."""
+        return Body(self, status, headers, reason, ext or {})
+
+
+_ORPHANS: list[Body] = []
+
+
+def _tape_free(tape: PyTape) -> bool:
+    """Whether a commit can take the tape's lock now. A body collected by the cyclic
+    garbage collector (an aiohttp response is in a cycle with its connection) is closed
+    wherever the collection ran, possibly inside a commit of this same thread holding the
+    lock: its entry then waits for the next call instead of deadlocking."""
+    lock = getattr(tape, "_lock", None)
+    if lock is None or not lock.acquire(timeout=0.5):
+        return lock is None
+    lock.release()
+    return True
+
+
+def begin(tape: PyTape, method: str, url: str, headers: list[tuple[str, str]],
+          body: bytes) -> Call:
+    """Classify, claim the position, describe: the start of every intercepted call."""
+    while _ORPHANS:
+        _ORPHANS.pop().finished(complete=False)
+    return Call(tape, method, url, headers, body)
+
+
+class _Source:
+    """What ``Chunks`` and ``AsyncChunks`` share: the recorded side or the replayed side."""
+
+    def __init__(self, tape: PyTape, body: Body | None, replayed: Replayed | None,
+                 ended: Callable[[str], BaseException], rebuild: Rebuild) -> None:
+        self.tape, self.body, self.replayed = tape, body, replayed
+        self.ended, self.rebuild = ended, rebuild
+        self.at = 0
+        self.eof = body is None and replayed is None
+
+    def _replay_next(self) -> bytes | None:
+        rp = self.replayed
+        assert rp is not None
+        if self.at < len(rp.chunks):
+            self.at += 1
+            return rp.chunks[self.at - 1]
+        self.eof = True
+        if rp.error is not None:
+            raise self.rebuild(rp.error)
+        if not rp.complete:
+            raise self.ended("stenograph: the recorded program stopped reading this "
+                             "response here")
+        return None
+
+    def _took(self, chunk: bytes, last: bool) -> None:
+        body = self.body
+        assert body is not None
+        if chunk:
+            body.chunks.append(chunk)
+        if last:
+            self.eof = True
+            body.finished(complete=True)
+
+    def _abandoned(self) -> None:
+        body = self.body
+        if body is None or body.done:
+            return
+        if _tape_free(self.tape):
+            body.finished(complete=False)
+        else:
+            _ORPHANS.append(body)
+
+
+class Chunks(_Source):
+    """A body read chunk by chunk: ``next()`` is the next chunk, ``None`` the end.
+
+    Record: ``pull`` reads the wire (tape paused) when the program asks, so the
+    program gets each chunk as it arrives; the entry is committed when the last one
+    has been read (before the end reaches the program), when the wire breaks, or
+    when the body is closed half read.
+    Replay: the recorded chunks, then the recorded error if the wire broke.
+    """
+
+    def __init__(self, tape: PyTape, *, pull: Pull | None = None, body: Body | None = None,
+                 replayed: Replayed | None = None, ended: Callable[[str], BaseException],
+                 rebuild: Rebuild, on_end: Callable[[bool], None] | None = None) -> None:
+        super().__init__(tape, body, replayed, ended, rebuild)
+        self.pull, self.on_end = pull, on_end
+
+    def next(self) -> bytes | None:
+        while True:
+            if self.eof:
+                return None
+            if self.replayed is not None:
+                return self._replay_next()
+            assert self.pull is not None and self.body is not None
+            with self.tape.shim.paused():
+                try:
+                    chunk, last = self.pull()
+                except Exception as exc:
+                    self.eof = True
+                    self.body.broke(exc)
+                    raise
+                self._took(chunk, last)
+                if last and self.on_end is not None:
+                    self.on_end(True)
+            if chunk:
+                return chunk
+
+    def close(self) -> None:
+        """The program is done with the body (closed or collected), read or not."""
+        if self.body is None:
+            return
+        with self.tape.shim.paused():
+            self._abandoned()
+            if not self.eof:
+                self.eof = True
+                if self.on_end is not None:
+                    self.on_end(False)
+
+
+class AsyncChunks(_Source):
+    """The async twin of ``Chunks`` (``pull`` is awaited)."""
+
+    def __init__(self, tape: PyTape, *, pull: Callable[[], Awaitable[tuple[bytes, bool]]]
+                 | None = None, body: Body | None = None, replayed: Replayed | None = None,
+                 ended: Callable[[str], BaseException], rebuild: Rebuild) -> None:
+        super().__init__(tape, body, replayed, ended, rebuild)
+        self.pull = pull
+
+    async def next(self) -> bytes | None:
+        while True:
+            if self.eof:
+                return None
+            if self.replayed is not None:
+                return self._replay_next()
+            assert self.pull is not None and self.body is not None
+            with self.tape.shim.paused():
+                try:
+                    chunk, last = await self.pull()
+                except Exception as exc:
+                    self.eof = True
+                    self.body.broke(exc)
+                    raise
+                self._took(chunk, last)
+            if chunk:
+                return chunk
+
+    def close(self) -> None:
+        if self.body is None:
+            return
+        with self.tape.shim.paused():
+            self._abandoned()
+            self.eof = True
