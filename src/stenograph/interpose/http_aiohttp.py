@@ -1,11 +1,14 @@
 """aiohttp's client: the ``ClientSession._request`` seam.
 
 aiohttp has no transport object to swap, so the hook wraps the session's request
-method. Record lets the real request run, reads the whole (already decoded) body
-off the connection, keeps the chunks as they came, and hands the program a fresh
-``StreamReader`` fed with them; replay builds a ``ClientResponse`` over the
-recorded chunks and never opens a connection. A streamed aiohttp response is
-therefore buffered before the program sees it (same bytes, earlier arrival).
+method. In both modes the program's ``resp.content`` is a ``TapeReader``: aiohttp's
+own ``StreamReader``, fed one chunk whenever a read finds it empty. Record lets the
+real request run and feeds it from the real body reader as the program reads
+(``readany``: what has arrived, already decoded by aiohttp's parser), so
+``iter_any``, ``iter_chunked``, ``readline``, ``async for line``, ``read``,
+``text`` and ``json`` see the data as it arrives; replay builds a ``ClientResponse``
+over the recorded chunks and never opens a connection, feeding the same chunks in
+the same sizes. Every private part of aiohttp used is in ``aiohttp_compat``.
 
 The request is described from the call's own arguments (URL with ``params``,
 ``json=`` / ``data=``), computed the same way in both modes, so the fingerprint
@@ -14,36 +17,18 @@ does not depend on what aiohttp would have put on the wire.
 
 from __future__ import annotations
 
-import asyncio
 import json as jsonlib
+import weakref
 from types import ModuleType
 from typing import Any
 from urllib.parse import urlencode
 
-from stenograph.interpose.exchange import (
-    classify,
-    describe,
-    error_body,
-    response_headers,
-    split_chunks,
-)
-from stenograph.interpose.pytape import PyTape, ReplayExhausted, current
+from stenograph.interpose import aiohttp_compat as compat
+from stenograph.interpose import seam
+from stenograph.interpose.pytape import PyTape, current
 
-
-class _Protocol:
-    """The little a StreamReader asks of its protocol when nothing is on the wire."""
-
-    _reading_paused = False
-
-    def pause_reading(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def resume_reading(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
-class _NoWriter:
-    output_size = 0
+_BODY_ERRORS = ("aiohttp.client_exceptions", "aiohttp.http_exceptions", "asyncio.exceptions",
+                "builtins")
 
 
 def _body_of(kwargs: dict[str, Any]) -> bytes:
@@ -61,54 +46,32 @@ def _body_of(kwargs: dict[str, Any]) -> bytes:
     return repr(data).encode()
 
 
-def _reader(aiohttp: ModuleType, chunks: list[bytes], loop: asyncio.AbstractEventLoop) -> Any:
-    reader = aiohttp.StreamReader(_Protocol(), 2**16, loop=loop)
-    for c in chunks:
-        reader.feed_data(c)
-    reader.feed_eof()
-    return reader
-
-
-def _loop_of(session: Any) -> asyncio.AbstractEventLoop:
-    """The session's loop. Not ``asyncio.get_running_loop()``: on 3.11 it compares the
-    loop's pid with ``getpid()``, which in replay is the recorded pid outside the hooks
-    (where the loop was started) and the real one inside them (the tape is paused)."""
-    loop = getattr(session, "_loop", None)
-    return loop if isinstance(loop, asyncio.AbstractEventLoop) else asyncio.get_running_loop()
-
-
 def install(client: ModuleType) -> None:
     """Patch ``aiohttp.client.ClientSession._request`` once."""
     import aiohttp
-    from multidict import CIMultiDict, CIMultiDictProxy
+    from multidict import CIMultiDict
     from yarl import URL
 
     cls = client.ClientSession
-    if getattr(cls._request, "_stenograph", False):
+    orig = compat.request_method(cls)
+    if getattr(orig, "_stenograph", False):
         return
-    orig = cls._request
+    readers: list[type] = []
 
     def _error(err: dict[str, Any]) -> BaseException:
         if err["type"] in ("TimeoutError", "ServerTimeoutError", "ConnectionTimeoutError"):
             return aiohttp.ServerTimeoutError(err["message"])
         return aiohttp.ClientConnectionError(err["message"])
 
-    def _response(session: Any, method: str, url: Any, headers: list[list[str]],
-                  status: int, reason: str | None, chunks: list[bytes]) -> Any:
-        loop = _loop_of(session)
-        info = aiohttp.RequestInfo(url, method, CIMultiDictProxy(CIMultiDict()), url)
-        resp = aiohttp.ClientResponse(
-            method, url, writer=None, continue100=None, timer=None, request_info=info,
-            traces=[], loop=loop, session=session, stream_writer=_NoWriter(),
-        )
-        resp.status = status
-        resp.reason = reason
-        resp.version = aiohttp.HttpVersion11
-        resp._headers = CIMultiDictProxy(CIMultiDict([(k, v) for k, v in headers]))
-        resp._raw_headers = tuple((k.encode(), v.encode()) for k, v in headers)
-        resp.content = _reader(aiohttp, chunks, loop)
-        resp._closed = True
-        return resp
+    def _body_error(err: dict[str, Any]) -> BaseException:
+        return seam.rebuild_error(err, _BODY_ERRORS, aiohttp.ClientPayloadError)
+
+    def _reader(session: Any, chunks: seam.AsyncChunks) -> Any:
+        if not readers:  # not at install: aiohttp is still importing its client then
+            readers.append(compat.tape_reader_class(aiohttp))
+        reader = readers[0](chunks.next, chunks.close, compat.session_loop(session))
+        weakref.finalize(reader, chunks.close)
+        return reader
 
     async def _request(self: Any, method: str, str_or_url: Any, **kwargs: Any) -> Any:
         tape = current()
@@ -119,47 +82,37 @@ def install(client: ModuleType) -> None:
 
     async def _taped(tape: PyTape, session: Any, method: str, str_or_url: Any,
                      kwargs: dict[str, Any]) -> Any:
-        url = session._build_url(str_or_url)
+        url = compat.session_url(session, str_or_url)
         if kwargs.get("params"):
             url = url.extend_query(kwargs["params"])
-        body = _body_of(kwargs)
-        hdrs = [(str(k), str(v)) for k, v in
-                CIMultiDict({**dict(session.headers), **dict(kwargs.get("headers") or {})}).items()]
-        channel = classify(str(url))
-        pos = tape.begin(channel)
-        rec, match, fp = describe(tape, method, str(url), hdrs, body)
+        hdrs = CIMultiDict({**dict(session.headers), **dict(kwargs.get("headers") or {})})
+        call = seam.begin(tape, method, str(url), [(str(k), str(v)) for k, v in hdrs.items()],
+                          _body_of(kwargs))
         if tape.mode == "replay":
-            try:
-                entry = tape.take(channel, pos, match, fp)
-            except ReplayExhausted as exc:
-                raise aiohttp.ClientConnectionError(str(exc)) from None
-            r = entry.get("response")
-            if r is None:
-                raise _error(entry["error"])
-            chunks = split_chunks(tape.resolve(r["body"]), r["chunks"])
-            resp = _response(session, method.upper(), URL(str(url)), r["headers"], r["status"],
-                             r.get("reason"), chunks)
-            if kwargs.get("raise_for_status") or (
-                    kwargs.get("raise_for_status") is None and session._raise_for_status is True):
+            rp = call.replayed(_error, aiohttp.ClientConnectionError)
+            resp = compat.new_response(aiohttp, session, method.upper(), URL(str(url)), hdrs)
+            compat.set_head(aiohttp, resp, rp.status, rp.reason, rp.headers)
+            chunks = seam.AsyncChunks(tape, replayed=rp, ended=aiohttp.ClientPayloadError,
+                                      rebuild=_body_error)
+            compat.set_content(resp, _reader(session, chunks))
+            rfs = kwargs.get("raise_for_status")
+            if rfs or (rfs is None and compat.session_raises_for_status(session) is True):
                 resp.raise_for_status()
             return resp
-        try:
+        with call.sending():
             resp = await orig(session, method, str_or_url, **kwargs)
-            chunks = [c async for c in resp.content.iter_any()]
-        except Exception as exc:
-            tape.commit(channel, pos, {"fingerprint": fp, "request": rec, "response": None,
-                                       "error": error_body(exc)})
-            raise
-        data = b"".join(chunks)
-        headers = [(k, v) for k, v in resp.headers.items()]
-        tape.commit(channel, pos, {
-            "fingerprint": fp, "request": rec, "error": None,
-            "response": {"status": resp.status, "reason": resp.reason,
-                         "headers": response_headers(tape, headers), "body": tape.spill(data),
-                         "chunks": [len(c) for c in chunks], "complete": True},
-        })
-        resp.content = _reader(aiohttp, chunks, _loop_of(session))
-        resp._body = None
+        real = resp.content
+        rec = call.received(resp.status, list(resp.headers.items()), reason=resp.reason)
+
+        async def pull() -> tuple[bytes, bool]:
+            data = await real.readany()
+            return data, not data or real.at_eof()
+
+        chunks = seam.AsyncChunks(tape, pull=pull, body=rec, ended=aiohttp.ClientPayloadError,
+                                  rebuild=_body_error)
+        compat.set_content(resp, _reader(session, chunks))
+        if real.at_eof():
+            await chunks.next()
         return resp
 
     orig_close = cls.close
@@ -170,9 +123,8 @@ def install(client: ModuleType) -> None:
         tape = current()
         if tape is None:
             return await orig_close(self)
-        with tape.shim.paused():
-            return await orig_close(self)
+        return await seam.apassthrough(tape, orig_close(self))
 
     _request._stenograph = True  # type: ignore[attr-defined]
-    cls._request = _request
+    compat.set_request_method(cls, _request)
     cls.close = close
