@@ -50,10 +50,25 @@ static void shim_unmap(void *p, size_t len) {
     RS2(SYS_munmap, p, (len + 4095) & ~(size_t)4095);
 }
 
+/* T.inshim brackets every critical section; the signal fences keep the compiler from
+ * moving the lock or stream accesses outside the bracket (a handler runs on this thread). */
+static inline void inshim_enter(void) {
+    T.inshim++;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
+static inline void inshim_leave(void) {
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    T.inshim--;
+}
+
 static void spin_lock(int *l) {
+    inshim_enter();
     while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE)) RS0(SYS_sched_yield);
 }
-static void spin_unlock(int *l) { __atomic_store_n(l, 0, __ATOMIC_RELEASE); }
+static void spin_unlock(int *l) {
+    __atomic_store_n(l, 0, __ATOMIC_RELEASE);
+    inshim_leave();
+}
 
 static tbuf_t *g_slots[MAXT];
 
@@ -173,7 +188,9 @@ static void rec2(tls_t *t, int ch, int op, const void *p1, uint32_t n1, const vo
                  uint32_t n2) {
     tbuf_t *b = t->tb;
     if (UNLIKELY(!b)) {
+        inshim_enter();
         b = t->tb = claim_buf(t->tindex);
+        inshim_leave();
         if (!b) return;
     }
     uint32_t n = n1 + n2, need = 8 + n;
@@ -347,6 +364,7 @@ static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, 
 static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, uint32_t argn,
                                   uint32_t *plen) {
     stream_t *s = &t->st[ch];
+    inshim_enter();
     if (UNLIKELY(!s->mapped)) map_stream(t, ch);
     const unsigned char *rh = NULL;
     if (LIKELY(s->off + 8 <= s->size)) {
@@ -358,10 +376,12 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
             s->off += 8 + n;
             s->pos++;
             *plen = n;
+            inshim_leave();
             return rh + 8;
         }
     }
     report("divergence", t, ch, rh, op, args, argn);
     if (!g_lenient) die(DIVERGENCE_EXIT);
+    inshim_leave();
     return NULL;
 }

@@ -78,7 +78,7 @@ __attribute__((constructor)) static void shim_init(void) {
 }
 
 static void final_flush(void) {
-    if (g_mode != MODE_RECORD || g_final) return;
+    if (g_mode != MODE_RECORD || g_final || reentered()) return; /* see before_exec */
     T.guard++;
     flush_all();
     barrier(MSG_EXIT);

@@ -40,7 +40,9 @@ static void after_fork_child(uint32_t idx) {
 EXPORT pid_t fork(void) {
     RESOLVE(fork);
     if (!g_mode) return real_fork();
-    if (T.guard) { /* paused by a Python hook: the child runs off the tape, unnumbered */
+    /* paused by a Python hook, or forking from a handler that interrupted the shim: the
+     * child runs off the tape, unnumbered */
+    if (T.guard || reentered()) {
         pid_t pid = real_fork();
         if (pid == 0) {
             g_mode = MODE_OFF;
@@ -121,7 +123,7 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
 }
 
 static void before_exec(void) {
-    if (g_mode != MODE_RECORD) return;
+    if (g_mode != MODE_RECORD || reentered()) return; /* flushing would wait on our own lock */
     T.guard++;
     flush_all();
     barrier(MSG_BARRIER);

@@ -1,4 +1,5 @@
-/* Exports for the Python hooks (stenograph.interpose.pytape, through ctypes). */
+/* Exports besides the wrapped symbols: the controls the Python hooks reach through ctypes
+ * (stenograph.interpose.pytape), and the reentry counter. */
 
 /* Pause the tape for this thread (nestable): the Python hooks call these around work that
  * replay will not repeat -- their own I/O, and in record mode the real network or tool
@@ -6,6 +7,10 @@
  * tape and take no spawn number. */
 EXPORT void steno_pause(void) { T.guard++; }
 EXPORT void steno_resume(void) { if (T.guard > 0) T.guard--; }
+
+/* How many wrapped calls of this process ran live and untaped because a signal handler
+ * made them while its thread was inside the shim (see reentered). */
+EXPORT unsigned long steno_reentries(void) { return __atomic_load_n(&g_reentries, __ATOMIC_RELAXED); }
 
 /* The STENO_* settings the shim hid from the environment; STENO_PROC follows forks. */
 EXPORT const char *steno_getenv(const char *name) {

@@ -36,7 +36,7 @@ static void sigsys_handler(int sig, siginfo_t *si, void *ctx) {
         void *buf = (void *)g[REG_RDI];
         size_t n = (size_t)g[REG_RSI];
         unsigned flags = (unsigned)g[REG_RDX];
-        if (g_mode && !T.guard) {
+        if (g_mode && !T.guard && !reentered()) {
             ssize_t r = entropy(OP_GETRANDOM_RAW, buf, n, flags, -1);
             ret = r < 0 ? -errno : r;
         } else {

@@ -158,7 +158,8 @@ typedef struct {
 
 typedef struct {
     int init;
-    int guard;
+    int guard;  /* paused (steno_pause) or inside a wrapper that calls libc: pass through */
+    int inshim; /* depth of critical sections (a spin lock held, a stream advancing) */
     uint32_t tindex;
     tbuf_t *tb;
     stream_t st[NCH];
@@ -180,8 +181,21 @@ static inline tls_t *me(void) {
 
 #define DBLOCK (64u << 20) /* listing blocks: virtual, MAP_NORESERVE: only touched pages cost */
 
+/* Wrapped calls run live and untaped because they interrupted the shim (see reentered). */
+static unsigned long g_reentries;
+
+/* A wrapper entered while its own thread is inside a critical section of the shim can only
+ * come from a signal handler that interrupted it. Taping would spin forever on the lock
+ * that thread holds, or serve the record being served: the call runs live, and is
+ * counted. */
+static inline int reentered(void) {
+    if (LIKELY(!T.inshim)) return 0;
+    __atomic_fetch_add(&g_reentries, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
 /* Fast gate: are we recording or replaying, and not inside the shim already? */
-#define ACTIVE() (LIKELY(g_mode) && LIKELY(!T.guard))
+#define ACTIVE() (LIKELY(g_mode) && LIKELY(!T.guard) && !reentered())
 
 /* In a CPython process, a thread that does not hold the GIL cannot run Python code, so a
  * clock it reads is incidental to the program's output: CPython reads CLOCK_MONOTONIC

@@ -33,4 +33,4 @@
 #include "init.c"     /* constructor / destructor, environment, final flush */
 #include "proc.c"     /* fork, exec*, posix_spawn, system, popen, _exit */
 #include "syscall.c"  /* syscall() dispatcher */
-#include "pyctl.c"    /* steno_pause / steno_resume / steno_getenv */
+#include "pyctl.c"    /* steno_pause / steno_resume / steno_getenv / steno_reentries */

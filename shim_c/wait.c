@@ -129,8 +129,9 @@ static void wait_rec(tls_t *t, int op, const void *args, uint32_t argn, int32_t 
 
 EXPORT int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     RESOLVE(poll);
-    if (ACTIVE() && poll_shaped(fds, nfds)) return io_poll(fds, nfds, timeout);
-    if (!ACTIVE() || timeout <= 0) return real_poll(fds, nfds, timeout);
+    int active = ACTIVE();
+    if (active && poll_shaped(fds, nfds)) return io_poll(fds, nfds, timeout);
+    if (!active || timeout <= 0) return real_poll(fds, nfds, timeout);
     tls_t *t = me();
     pollargs_t args = {timeout, (uint32_t)nfds};
     if (g_mode == MODE_REPLAY) {
