@@ -91,10 +91,11 @@ class _Handler(BaseHTTPRequestHandler):
         if q.get("gzip") == "1":
             pieces = _split(gzip.compress(body, mtime=0), len(sizes))
             headers["content-encoding"] = "gzip"
-        self._send(pieces, q.get("mode", "chunked"), headers, ms=int(q.get("ms", "0")))
+        self._send(pieces, q.get("mode", "chunked"), headers, ms=int(q.get("ms", "0")),
+                   cut=q.get("cut") == "1")
 
     def _send(self, pieces: Iterable[bytes], mode: str, headers: dict[str, str],
-              ms: int = 0) -> None:
+              ms: int = 0, cut: bool = False) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/plain")
         for k, v in headers.items():
@@ -103,7 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("transfer-encoding", "chunked")
         elif mode == "length":
             pieces = list(pieces)
-            self.send_header("content-length", str(sum(map(len, pieces))))
+            self.send_header("content-length", str(sum(map(len, pieces)) + 10 * cut))
         else:
             self.send_header("connection", "close")
         self.end_headers()
@@ -117,6 +118,10 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self.wfile.write(piece)
             self.wfile.flush()
+        if cut:
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         if mode == "chunked":
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
@@ -236,7 +241,41 @@ HTTPX = textwrap.dedent("""
             print("gate:", got)
 """)
 
-PROGRAMS = {"requests": REQUESTS, "aiohttp": AIOHTTP, "httpx": HTTPX}
+BROKEN = {
+    "requests": '''
+import sys, requests
+try:
+    r = requests.get(sys.argv[1] + "/chunks?" + sys.argv[2], stream=True)
+    for c in r.iter_content(chunk_size=None):
+        print("got:", len(c))
+except Exception as e:
+    print("raised:", type(e).__module__, type(e).__name__, e)
+''',
+    "aiohttp": '''
+import asyncio, sys, aiohttp
+async def main():
+    async with aiohttp.ClientSession() as s:
+        try:
+            async with s.get(sys.argv[1] + "/chunks?" + sys.argv[2]) as r:
+                async for c in r.content.iter_chunked(6):
+                    print("got:", len(c))
+        except Exception as e:
+            print("raised:", type(e).__module__, type(e).__name__, e)
+asyncio.run(main())
+''',
+    "httpx": '''
+import sys, httpx
+try:
+    with httpx.stream("GET", sys.argv[1] + "/chunks?" + sys.argv[2]) as r:
+        for c in r.iter_bytes():
+            print("got:", len(c))
+except Exception as e:
+    print("raised:", type(e).__module__, type(e).__name__, e)
+''',
+}
+
+PROGRAMS = {"requests": REQUESTS, "aiohttp": AIOHTTP, "httpx": HTTPX,
+            **{f"{k}-broken": v for k, v in BROKEN.items()}}
 
 
 def _env() -> dict[str, str]:
@@ -278,7 +317,22 @@ def _exchanges(steno: Path) -> list[dict[str, object]]:
 SIZES = "5,17,3,40,1,9"
 
 
-@pytest.mark.parametrize("lib", sorted(PROGRAMS))
+@pytest.mark.parametrize("lib", sorted(BROKEN))
+@pytest.mark.parametrize("mode", ["chunked", "length"])
+def test_a_body_cut_mid_stream_replays_as_the_same_error(tmp_path: Path, server: str, lib: str,
+                                                         mode: str) -> None:
+    rec, rep, steno = record_replay(tmp_path, f"{lib}-broken", server,
+                                    f"sizes=5,17,3&ms=15&mode={mode}&cut=1")
+    assert rec.returncode == 0, rec.stderr.decode()
+    out = rec.stdout.decode()
+    assert "raised: " in out, out
+    assert rep.returncode == 0, rep.stderr.decode()
+    assert rep.stdout == rec.stdout
+    (x,) = _exchanges(steno)
+    assert x["response"]["complete"] is False and x["error"], x  # type: ignore[index]
+
+
+@pytest.mark.parametrize("lib", ["aiohttp", "httpx", "requests"])
 @pytest.mark.parametrize("query", [f"sizes={SIZES}&ms=15", f"sizes={SIZES}&ms=5&gzip=1",
                                    f"sizes={SIZES}&ms=5&mode=length"])
 def test_streamed_program_replays_byte_for_byte(tmp_path: Path, server: str, lib: str,

@@ -21,7 +21,7 @@ the tape logic is made once:
 from __future__ import annotations
 
 import contextlib
-import importlib
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -60,11 +60,13 @@ def rebuild_error(err: dict[str, Any], modules: tuple[str, ...],
                   fallback: Callable[[str], BaseException]) -> BaseException:
     """The recorded exception as an instance of its own class when that class lives in one
     of ``modules`` (the library's own), carrying the recorded message as its only argument
-    (``str()`` is then what the program saw); else ``fallback(message)``."""
+    (``str()`` is then what the program saw); else ``fallback(message)``. Only modules
+    already imported are looked in: an import here would list directories replay's tape
+    does not have."""
     message = err.get("message", "")
     if err.get("module") in modules:
         with contextlib.suppress(Exception):
-            cls = getattr(importlib.import_module(err["module"]), err["type"])
+            cls = getattr(sys.modules[err["module"]], err["type"])
             if isinstance(cls, type) and issubclass(cls, Exception):
                 exc = cls.__new__(cls)
                 exc.args = (message,)
