@@ -68,8 +68,9 @@ def _takes_stream_writer(aiohttp: ModuleType) -> bool:
 def new_response(aiohttp: ModuleType, session: Any, method: str, url: Any,
                  request_headers: Any) -> Any:
     """A ``ClientResponse`` with no connection behind it. Its constructor is keyword-only
-    and not public; 3.12 added ``stream_writer`` (3.10/3.11 reject it). ``_closed`` is set:
-    there is no connection to release."""
+    and not public; ``stream_writer`` is required by 3.14.5 and rejected by 3.10.11, so it
+    is passed only when the signature has it. ``_closed`` is set: there is no connection
+    to release."""
     from multidict import CIMultiDictProxy
 
     info = aiohttp.RequestInfo(url, method, CIMultiDictProxy(request_headers), url)
