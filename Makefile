@@ -12,7 +12,8 @@ all: test
 $(STAMP): pyproject.toml $(wildcard setup.py) $(wildcard shim_c/*.c shim_c/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+# frameworks: what tests/test_frameworks.py replays (+430 MB, +15-30 s)
+	$(BIN)/pip install -q -e '.[test,frameworks]'
 	touch $(STAMP)
 
 demo: $(STAMP)
