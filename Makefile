@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 
 all: test
 
-$(STAMP): pyproject.toml $(wildcard setup.py) $(wildcard shim_c/*.c shim_c/*.h)
+$(STAMP): pyproject.toml $(wildcard setup.py) $(wildcard shim_c/*.c shim_c/*.h shim_c/*.def)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 # frameworks: what tests/test_frameworks.py replays (+430 MB, +15-30 s)

@@ -151,17 +151,20 @@ static pid_t io_wait4(pid_t pid, int *status, int options, struct rusage *ru) {
     return (pid_t)r;
 }
 
-EXPORT pid_t wait4(pid_t pid, int *status, int options, struct rusage *ru) {
+static pid_t wait4_taped(pid_t pid, int *status, int options, struct rusage *ru) {
     if ((options & WNOHANG) && ACTIVE()) return io_wait4(pid, status, options, ru);
     long r = RS4(SYS_wait4, pid, status, options, ru);
     if (is_err(r)) { errno = (int)-r; return -1; }
     return (pid_t)r;
 }
+EXPORT pid_t wait4(pid_t pid, int *status, int options, struct rusage *ru) {
+    return GATED(OP_SCHED_CHILD, !(options & WNOHANG), wait4_taped(pid, status, options, ru));
+}
 EXPORT pid_t waitpid(pid_t pid, int *status, int options) { return wait4(pid, status, options, NULL); }
 
 EXPORT ssize_t read(int fd, void *buf, size_t n) {
     if (UNLIKELY(rfd_is(fd)) && ACTIVE()) return entropy(OP_RANDOM_READ, buf, n, 0, fd);
-    if (UNLIKELY(pfd_is(fd)) && ACTIVE()) return io_read(fd, buf, n);
+    if (UNLIKELY(pfd_is(fd)) && ACTIVE()) return GATED(OP_SCHED_IO, 1, io_read(fd, buf, n));
     RESOLVE(read);
     return real_read(fd, buf, n);
 }

@@ -33,6 +33,7 @@ static void after_fork_child(uint32_t idx) {
         if (b == T.tb) b->tindex = 0;
     }
     for (int c = 0; c < NCH; c++) T.st[c].mapped = 0;
+    sched_after_fork_child();
     T.guard--;
     procinfo();
 }

@@ -118,7 +118,7 @@ static char g_extra[8192];
 static size_t g_extra_len; /* compared against nonnull-declared arguments */
 
 static const char *const CH_NAMES[NCH] = {"?", "clock", "entropy", "dirents", "identity", "wait",
-                                          "io"};
+                                          "io", "sched"};
 
 /* ------------------------------------------------------------------ wrapped symbols */
 
@@ -160,6 +160,8 @@ typedef struct {
     int init;
     int guard;  /* paused (steno_pause) or inside a wrapper that calls libc: pass through */
     int inshim; /* depth of critical sections (a spin lock held, a stream advancing) */
+    int sched_off; /* not ordered by the scheduler (started off the tape, or ended) */
+    int holding;   /* holds the scheduler's baton (sched.c) */
     uint32_t tindex;
     tbuf_t *tb;
     stream_t st[NCH];
@@ -168,9 +170,10 @@ typedef struct {
 
 static __thread tls_t T __attribute__((tls_model("initial-exec")));
 
-static void thread_init(void) {
+static void thread_init(void) { /* a thread not started through pthread_create */
     T.tindex = __atomic_fetch_add(&g_tnext, 1, __ATOMIC_RELAXED);
     T.init = 1;
+    T.sched_off = 1;
     if (g_inited) pthread_setspecific(g_key, (void *)1);
 }
 

@@ -24,6 +24,7 @@
 #include "core.c"     /* helpers, arena, buffers, shipping, barrier, rec, serve, reports */
 #include "clock.c"    /* channel clock */
 #include "entropy.c"  /* channel entropy; fds on /dev/[u]random; open*, fopen* */
+#include "sched.c"    /* channel sched: threads take turns; locks, conditions, semaphores */
 #include "io.c"       /* channel io: read/poll shape of own pipes, waitpid(WNOHANG) */
 #include "identity.c" /* channel identity: pids, hostname, uname */
 #include "wait.c"     /* channel wait: sleeps, poll/select/epoll timeouts, deadlines */

@@ -23,7 +23,8 @@
 #define CH_IDENTITY 4
 #define CH_WAIT 5
 #define CH_IO 6
-#define NCH 7
+#define CH_SCHED 7
+#define NCH 8
 
 /* clock ops: payload  i32 arg | i32 rc | i64 a | i64 b   (args prefix: 4 bytes) */
 #define OP_CLOCK_GETTIME 1 /* arg clock id, a/b = sec/nsec */
@@ -65,6 +66,19 @@
 #define OP_IO_READ 1 /* u32 asked | i32 result (bytes, or -errno) */
 #define OP_IO_POLL 2 /* i32 timeout_ms | u32 nfds | nfds x i16 events | i32 result | nfds x i16 revents */
 #define OP_IO_WAIT 3 /* i32 options | i32 result (0 running, >0 reaped, -errno) | i32 status */
+
+/* sched ops: one record per grant of the baton, on the taking thread's stream:
+ * u32 grant (per process, from 0) | i32 outcome of the call the grant ends */
+#define OP_SCHED_START 1  /* a new thread's first turn */
+#define OP_SCHED_MUTEX 2  /* pthread_mutex_*lock retried: 0 or EAGAIN, ETIMEDOUT */
+#define OP_SCHED_COND 3   /* pthread_cond_*wait woke: 0 or ETIMEDOUT */
+#define OP_SCHED_SEM 4    /* sem_*wait retried: 0 or EAGAIN, ETIMEDOUT */
+#define OP_SCHED_SLEEP 5  /* after a sleep */
+#define OP_SCHED_IO 6     /* after a pipe read, poll/select/epoll_wait, recv/accept */
+#define OP_SCHED_JOIN 7   /* after pthread_join */
+#define OP_SCHED_YIELD 8  /* sched_yield */
+#define OP_SCHED_FUTEX 9  /* futex(FUTEX_WAIT*) through syscall(): its result */
+#define OP_SCHED_CHILD 10 /* after a blocking wait for a child process */
 
 #define DIVERGENCE_EXIT 86
 

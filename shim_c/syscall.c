@@ -16,6 +16,8 @@ EXPORT long syscall(long n, ...) {
         case SYS_gettimeofday: return gettimeofday((struct timeval *)a, (void *)b);
         case SYS_time: return time((time_t *)a);
         case SYS_nanosleep: return nanosleep((const struct timespec *)a, (struct timespec *)b);
+        case SYS_sched_yield: return sched_yield();
+        case SYS_futex: return sys_ret(sched_futex(a, b, c, d, e, f));
         }
     }
     long r = rsys(n, a, b, c, d, e, f);

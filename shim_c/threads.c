@@ -1,14 +1,22 @@
-/* Threads: indices in pthread_create call order, and the flush at thread exit. */
+/* Threads: indices in pthread_create call order (deterministic: creators hold the
+ * scheduler's baton), their turns at start and end (sched.c), the flush at thread exit. */
 
-struct tramp { void *(*fn)(void *); void *arg; uint32_t idx; };
+struct tramp { void *(*fn)(void *); void *arg; uint32_t idx; int paused; };
+
+static uint32_t g_offnext; /* threads started by paused code: off the tape, not numbered */
 
 static void *trampoline(void *p) {
     struct tramp tr = *(struct tramp *)p;
     free(p);
     T.tindex = tr.idx;
     T.init = 1;
+    T.sched_off = tr.paused;
+    T.guard = tr.paused; /* replay never starts it: nothing it does may be on the tape */
     pthread_setspecific(g_key, (void *)1);
-    return tr.fn(tr.arg);
+    sched_thread_start();
+    void *ret = tr.fn(tr.arg);
+    sched_thread_end();
+    return ret;
 }
 
 EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
@@ -18,7 +26,13 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
     if (!tr) return EAGAIN;
     tr->fn = fn;
     tr->arg = arg;
-    tr->idx = __atomic_fetch_add(&g_tnext, 1, __ATOMIC_RELAXED);
+    tr->paused = T.guard > 0;
+    if (tr->paused) {
+        tr->idx = 0x40000000u | __atomic_fetch_add(&g_offnext, 1, __ATOMIC_RELAXED);
+    } else {
+        tr->idx = __atomic_fetch_add(&g_tnext, 1, __ATOMIC_RELAXED);
+        sched_thread_created();
+    }
     int r = real_pthread_create(th, attr, trampoline, tr);
     if (r) free(tr);
     return r;

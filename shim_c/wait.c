@@ -19,7 +19,7 @@ _Static_assert(sizeof(pollargs_t) == 8, "OP_POLL payload: i32 timeout_ms | u32 n
 _Static_assert(sizeof(selargs_t) == 16, "OP_SELECT payload: i32 nfds | i32 0 | i64 timeout_us | i32 timed_out");
 _Static_assert(sizeof(epollargs_t) == 8, "OP_EPOLL payload: i32 timeout_ms | i32 maxevents | i32 timed_out");
 
-EXPORT int nanosleep(const struct timespec *req, struct timespec *rem) {
+static int nanosleep_taped(const struct timespec *req, struct timespec *rem) {
     if (!ACTIVE() || !req) {
         long r = RS2(SYS_nanosleep, req, rem);
         if (is_err(r)) { errno = (int)-r; return -1; }
@@ -47,8 +47,11 @@ EXPORT int nanosleep(const struct timespec *req, struct timespec *rem) {
     if (is_err(r)) { errno = (int)-r; return -1; }
     return 0;
 }
+EXPORT int nanosleep(const struct timespec *req, struct timespec *rem) {
+    return GATED(OP_SCHED_SLEEP, 1, nanosleep_taped(req, rem));
+}
 
-EXPORT int clock_nanosleep(clockid_t clk, int flags, const struct timespec *req, struct timespec *rem) {
+static int clock_nanosleep_taped(clockid_t clk, int flags, const struct timespec *req, struct timespec *rem) {
     if (!ACTIVE() || !req) return (int)-RS4(SYS_clock_nanosleep, clk, flags, req, rem);
     tls_t *t = me();
     csleeprec_t s = {(int32_t)clk, flags, req->tv_sec, req->tv_nsec, 0, 0, 0, 0};
@@ -70,8 +73,11 @@ EXPORT int clock_nanosleep(clockid_t clk, int flags, const struct timespec *req,
     }
     return (int)-r;
 }
+EXPORT int clock_nanosleep(clockid_t clk, int flags, const struct timespec *req, struct timespec *rem) {
+    return GATED(OP_SCHED_SLEEP, 1, clock_nanosleep_taped(clk, flags, req, rem));
+}
 
-EXPORT unsigned int sleep(unsigned int secs) {
+static unsigned int sleep_taped(unsigned int secs) {
     if (!ACTIVE()) {
         struct timespec req = {secs, 0}, rem = {0, 0};
         if (is_err(RS2(SYS_nanosleep, &req, &rem))) return (unsigned)rem.tv_sec;
@@ -89,8 +95,11 @@ EXPORT unsigned int sleep(unsigned int secs) {
     if (g_mode == MODE_RECORD) rec(t, CH_WAIT, OP_SLEEP, &s, sizeof s);
     return s.rc;
 }
+EXPORT unsigned int sleep(unsigned int secs) {
+    return GATED(OP_SCHED_SLEEP, 1, sleep_taped(secs));
+}
 
-EXPORT int usleep(useconds_t us) {
+static int usleep_taped(useconds_t us) {
     struct timespec req = {us / 1000000, (long)(us % 1000000) * 1000};
     if (!ACTIVE()) {
         long r = RS2(SYS_nanosleep, &req, NULL);
@@ -110,6 +119,9 @@ EXPORT int usleep(useconds_t us) {
     if (s.rc) { errno = -s.rc; return -1; }
     return 0;
 }
+EXPORT int usleep(useconds_t us) {
+    return GATED(OP_SCHED_SLEEP, 1, usleep_taped(us));
+}
 
 /* Timed waits: 1 = the recording says this call timed out with nothing ready. */
 static int wait_served(tls_t *t, int op, const void *args, uint32_t argn) {
@@ -127,7 +139,7 @@ static void wait_rec(tls_t *t, int op, const void *args, uint32_t argn, int32_t 
     rec(t, CH_WAIT, op, b, argn + 4);
 }
 
-EXPORT int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
+static int poll_taped(struct pollfd *fds, nfds_t nfds, int timeout) {
     RESOLVE(poll);
     int active = ACTIVE();
     if (active && poll_shaped(fds, nfds)) return io_poll(fds, nfds, timeout);
@@ -147,8 +159,11 @@ EXPORT int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     errno = e;
     return r;
 }
+EXPORT int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
+    return GATED(OP_SCHED_IO, timeout != 0, poll_taped(fds, nfds, timeout));
+}
 
-EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv) {
+static int select_taped(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv) {
     RESOLVE(select);
     if (!ACTIVE() || !tv || (tv->tv_sec == 0 && tv->tv_usec == 0)) return real_select(nfds, r, w, x, tv);
     tls_t *t = me();
@@ -169,8 +184,11 @@ EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
     errno = e;
     return rc;
 }
+EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv) {
+    return GATED(OP_SCHED_IO, !tv || tv->tv_sec || tv->tv_usec, select_taped(nfds, r, w, x, tv));
+}
 
-EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout) {
+static int epoll_wait_taped(int ep, struct epoll_event *ev, int max, int timeout) {
     RESOLVE(epoll_wait);
     if (!ACTIVE() || timeout <= 0) return real_epoll_wait(ep, ev, max, timeout);
     tls_t *t = me();
@@ -185,8 +203,11 @@ EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout) {
     errno = e;
     return r;
 }
+EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout) {
+    return GATED(OP_SCHED_IO, timeout != 0, epoll_wait_taped(ep, ev, max, timeout));
+}
 
-EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss) {
+static int epoll_pwait_taped(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss) {
     RESOLVE(epoll_pwait);
     if (!ACTIVE() || timeout <= 0) return real_epoll_pwait(ep, ev, max, timeout, ss);
     tls_t *t = me();
@@ -200,6 +221,9 @@ EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, con
     wait_rec(t, OP_EPOLL, &args, sizeof args, r == 0);
     errno = e;
     return r;
+}
+EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss) {
+    return GATED(OP_SCHED_IO, timeout != 0, epoll_pwait_taped(ep, ev, max, timeout, ss));
 }
 
 static const struct timespec *translate_deadline(int clk, const struct timespec *abs,
@@ -218,19 +242,3 @@ static const struct timespec *translate_deadline(int clk, const struct timespec 
     out->tv_nsec = t % 1000000000LL;
     return out;
 }
-
-#define TIMED(ret, name, params, clk, absarg, call) \
-    EXPORT ret name params { \
-        RESOLVE(name); \
-        struct timespec tr; \
-        const struct timespec *absarg##_t = translate_deadline((clk), absarg, &tr); \
-        return real_##name call; \
-    }
-TIMED(int, pthread_cond_timedwait, (pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *a),
-      -1, a, (c, m, a_t))
-TIMED(int, pthread_cond_clockwait, (pthread_cond_t *c, pthread_mutex_t *m, clockid_t k, const struct timespec *a),
-      (int)k, a, (c, m, k, a_t))
-TIMED(int, sem_timedwait, (sem_t *s, const struct timespec *a), CLOCK_REALTIME, a, (s, a_t))
-TIMED(int, sem_clockwait, (sem_t *s, clockid_t k, const struct timespec *a), (int)k, a, (s, k, a_t))
-TIMED(int, pthread_mutex_timedlock, (pthread_mutex_t *m, const struct timespec *a), CLOCK_REALTIME, a, (m, a_t))
-TIMED(int, pthread_mutex_clocklock, (pthread_mutex_t *m, clockid_t k, const struct timespec *a), (int)k, a, (m, k, a_t))

@@ -37,25 +37,42 @@ def _patch_aiohttp(mod: ModuleType) -> None:
 
 
 def _patch_asyncio(mod: ModuleType) -> None:
-    """Shut the default executor down off the tape. In record the real network calls of
-    the hooks (DNS lookups) start it and replay never does; joining its threads runs
-    event-loop iterations that read clocks as many times as the threads' timing allows."""
+    _inline_dns_when_paused(mod.BaseEventLoop)
+
+
+def _inline_dns_when_paused(loop_cls: Any) -> None:
+    """A hook's real network call (record only, tape paused) resolves names inline.
+
+    The loop would hand ``getaddrinfo`` to its default executor, whose threads may be the
+    program's own, ordered by the tape's scheduler: a paused call waiting on one of them
+    would wait for ever (the paused thread keeps the scheduler's baton), and waking one
+    would add turns that replay, which makes no such call, never takes.
+    """
+    import socket
+
     from stenograph.interpose.pytape import current
 
-    loop_cls = mod.BaseEventLoop
-    orig = loop_cls.shutdown_default_executor
-    if getattr(orig, "_stenograph", False):
+    orig_gai, orig_gni = loop_cls.getaddrinfo, loop_cls.getnameinfo
+    if getattr(orig_gai, "_stenograph", False):
         return
 
-    async def shutdown_default_executor(self: Any, *args: Any, **kwargs: Any) -> None:
+    async def getaddrinfo(self: Any, host: Any, port: Any, *, family: int = 0, type: int = 0,
+                          proto: int = 0, flags: int = 0) -> Any:
         tape = current()
-        if tape is None:
-            return await orig(self, *args, **kwargs)
-        with tape.shim.paused():
-            return await orig(self, *args, **kwargs)
+        if tape is not None and tape.shim.active():
+            return socket.getaddrinfo(host, port, family, type, proto, flags)
+        return await orig_gai(self, host, port, family=family, type=type, proto=proto,
+                              flags=flags)
 
-    shutdown_default_executor._stenograph = True  # type: ignore[attr-defined]
-    loop_cls.shutdown_default_executor = shutdown_default_executor
+    async def getnameinfo(self: Any, sockaddr: Any, flags: int = 0) -> Any:
+        tape = current()
+        if tape is not None and tape.shim.active():
+            return socket.getnameinfo(sockaddr, flags)
+        return await orig_gni(self, sockaddr, flags)
+
+    getaddrinfo._stenograph = True  # type: ignore[attr-defined]
+    loop_cls.getaddrinfo = getaddrinfo
+    loop_cls.getnameinfo = getnameinfo
 
 
 PATCHES: dict[str, Callable[[ModuleType], None]] = {

@@ -92,6 +92,10 @@ class _ShimControl:
             self._local.depth = depth
             self._resume()
 
+    def active(self) -> bool:
+        """Is this thread inside ``paused()``?"""
+        return getattr(self._local, "depth", 0) > 0
+
     def collect(self) -> None:
         """Note the modules imported since this thread's outermost pause began."""
         mark = getattr(self._local, "mark", None)

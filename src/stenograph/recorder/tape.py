@@ -32,7 +32,8 @@ MAGIC = b"STP1"
 MSG_DATA, MSG_BARRIER, MSG_EXIT = 1, 2, 3
 HEADER = struct.Struct("<4sHHIH")
 RECORD = struct.Struct("<BBHI")
-CHANNELS = {1: "clock", 2: "entropy", 3: "dirents", 4: "identity", 5: "wait", 6: "io"}
+CHANNELS = {1: "clock", 2: "entropy", 3: "dirents", 4: "identity", 5: "wait", 6: "io",
+            7: "sched"}
 CHANNEL_IDS = {v: k for k, v in CHANNELS.items()}
 DIVERGENCE_EXIT = 86
 MAX_MESSAGE = 8 << 20
@@ -48,6 +49,10 @@ OP_NAMES = {
     (5, 1): "nanosleep", (5, 2): "clock_nanosleep",
     (5, 3): "sleep", (5, 4): "usleep", (5, 5): "poll", (5, 6): "select", (5, 7): "epoll_wait",
     (6, 1): "read(pipe)", (6, 2): "poll(pipes)", (6, 3): "waitpid(WNOHANG)",
+    (7, 1): "thread start", (7, 2): "mutex wait", (7, 3): "condition wait",
+    (7, 4): "semaphore wait", (7, 5): "after sleep", (7, 6): "after I/O wait",
+    (7, 7): "after pthread_join", (7, 8): "sched_yield", (7, 9): "futex wait",
+    (7, 10): "after waiting for a child",
 }
 
 
@@ -103,6 +108,9 @@ def describe(ch: int, op: int, payload: bytes) -> str:
         if ch == 6 and op == 1:
             asked, got = struct.unpack_from("<Ii", payload)
             return f"{name}(size={asked}) -> {got}"
+        if ch == 7:
+            grant, result = struct.unpack_from("<Ii", payload)
+            return f"{name} -> turn {grant}" + (f", outcome {result}" if result else "")
         if ch == 6 and op == 2:
             timeout, nfds = struct.unpack_from("<iI", payload)
             (res,) = struct.unpack_from("<i", payload, 8 + 2 * nfds)

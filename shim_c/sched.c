@@ -1,0 +1,577 @@
+/* The scheduler: threads are an input like a clock.
+ *
+ * Which thread runs when decides how many clock reads a waiting thread makes, which
+ * worker takes which task and in what order shared state changes. So once a process
+ * has a second thread, its threads take turns holding one baton: a thread runs only
+ * while it holds it, and hands it on only where it would block anyway (a lock, a
+ * condition, a semaphore, a futex, a sleep, a pipe read, a poll, a wait for a child,
+ * sched_yield). Each time a thread takes the baton is a *grant*, numbered per process
+ * (0, 1, 2...). Record logs every grant on the taking thread's `sched` stream (grant
+ * number and the outcome of the call it ends); replay hands the baton out in exactly
+ * that order, and a thread whose next recorded grant is for another kind of call, or
+ * with another outcome, is a divergence.
+ *
+ * Waits between threads never block in the kernel on the real primitive, in either
+ * mode: a real sem_wait or mutex lock would take ownership at a moment no grant
+ * orders, and other threads could see it. Record parks the waiter on an event count
+ * for the object's address (bumped by sem_post, unlock, signal), takes a grant when
+ * woken and retries the non-blocking form (sem_trywait, mutex trylock) under the
+ * baton; replay skips the parking (the grant order says when) and retries at the
+ * recorded grant. A condition wait becomes unlock, park, relock: a wake-up POSIX
+ * allows (spurious wake-ups are legal, so callers re-check their predicate).
+ *
+ * CPython: the GIL is a mutex and a condition like any other, but between threads
+ * that run only under the baton it is never contended (CPython drops the GIL before a
+ * blocking call, where the baton is released, and takes it after the call, where the
+ * baton was taken), so no time-based GIL hand-off happens while taped.
+ *
+ * A paused thread (a Python hook at work: its network call) keeps the baton and is not
+ * scheduled: replay does not make those calls. Threads it starts run off the schedule.
+ *
+ * A holder that does not reach a blocking call the shim sees (a busy-wait, a blocking
+ * call inside glibc) would stop every other thread for ever. Record gives up on the
+ * schedule after STENO_SCHED_STALL_MS (default 2000) of such a stall: the rest of the
+ * process runs unscheduled, and replay reports the point as a divergence instead of
+ * replaying what was not ordered. Replay gives up (and reports) after 30 times that.
+ */
+
+#include <limits.h>
+#include <linux/futex.h>
+
+typedef struct {
+    uint64_t state;   /* grant count << 32 | holder (thread index + 1, 0 = free) */
+    int word;         /* bumped on every release; waiters for the baton sleep on it */
+    int nreq;         /* threads waiting for the baton */
+    int on;           /* a second thread exists: the schedule is in force */
+    int broken;       /* record: a stall was broken, the rest runs unscheduled */
+    tls_t *holder;    /* the holding thread's state (record: stall checks) */
+    int dying;        /* kernel tid of a thread that ended holding the baton */
+    int64_t stall_ns;
+} sched_t;
+
+static sched_t S = {.stall_ns = 2000000000LL};
+
+typedef struct { uint32_t grant; int32_t result; } schedrec_t;
+_Static_assert(sizeof(schedrec_t) == 8, "sched record layout");
+
+#define SCHED_STOLEN INT32_MIN /* the grant a stall forced: nothing after it was ordered */
+
+typedef struct { int epoch; int waiters; } bucket_t;
+static bucket_t g_bk[256];
+
+static inline bucket_t *bucket_of(const void *p) {
+    uint64_t x = ((uintptr_t)p >> 3) * 0x9E3779B97F4A7C15ULL;
+    return &g_bk[x >> 56];
+}
+
+static long futex_wait(int *w, int val, const struct timespec *abs, int realtime) {
+    if (!abs) return RS4(SYS_futex, w, FUTEX_WAIT_PRIVATE, val, NULL);
+    return RS6(SYS_futex, w, FUTEX_WAIT_BITSET_PRIVATE | (realtime ? FUTEX_CLOCK_REALTIME : 0),
+               val, abs, NULL, FUTEX_BITSET_MATCH_ANY);
+}
+static void futex_wake_all(int *w) { RS3(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX); }
+
+/* Wake the threads parked on p's event count (record); a no-op when nobody waits. */
+static inline void sched_notify(const void *p) {
+    if (LIKELY(!S.on)) return;
+    bucket_t *b = bucket_of(p);
+    if (__atomic_load_n(&b->waiters, __ATOMIC_SEQ_CST)) {
+        __atomic_add_fetch(&b->epoch, 1, __ATOMIC_SEQ_CST);
+        futex_wake_all(&b->epoch);
+    }
+}
+
+/* Is this call ordered by the schedule? */
+static inline int sched_here(void) {
+    return UNLIKELY(S.on) && !S.broken && ACTIVE() && !T.sched_off;
+}
+
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    RS2(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The next turn after a thread's end starts only once that thread is gone: glibc puts a
+ * detached thread's stack in its cache on the way out and reuses it only once the kernel
+ * has cleared the thread's tid, so the next thread's stack -- and pthread_self(),
+ * threading.get_ident() -- would depend on how fast the exit ran. */
+static void reap_dying(void) {
+    int tid = S.dying;
+    if (!tid) return;
+    long pid = RS0(SYS_getpid);
+    while (RS3(SYS_tgkill, pid, tid, 0) != -ESRCH) {
+        struct timespec ts = {0, 20000};
+        RS2(SYS_nanosleep, &ts, NULL);
+    }
+    S.dying = 0;
+}
+
+static void sched_release(tls_t *t) {
+    if (!t->holding) return;
+    t->holding = 0;
+    uint64_t st = __atomic_load_n(&S.state, __ATOMIC_ACQUIRE);
+    __atomic_store_n(&S.state, st & ~0xffffffffULL, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&S.word, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&S.nreq, __ATOMIC_SEQ_CST)) futex_wake_all(&S.word);
+}
+
+static void sched_report(tls_t *t, const char *what, uint32_t grant, int op) {
+    char line[512];
+    char *p = line, *end = line + sizeof line - 2;
+    p = s_put(p, end, "divergence\tproc="); p = s_put(p, end, g_proc);
+    p = s_put(p, end, "\tthread="); p = u_put(p, end, t->tindex);
+    p = s_put(p, end, "\tchannel=sched\tpos="); p = u_put(p, end, t->st[CH_SCHED].pos);
+    p = s_put(p, end, "\trecorded="); p = s_put(p, end, what);
+    p = s_put(p, end, " (grant "); p = u_put(p, end, grant);
+    p = s_put(p, end, ")\tasked="); p = s_put(p, end, op_name(CH_SCHED, op));
+    *p++ = '\n';
+    if (g_reports++ < 500) append_report(line, (size_t)(p - line));
+}
+
+/* Record: take the baton (whoever asks first), breaking a stall; return the grant
+ * number, or -1 once the schedule is broken (the caller then runs unscheduled). */
+static int64_t take_record(tls_t *t, int op) {
+    int64_t waited_since = 0;
+    for (;;) {
+        uint64_t st = __atomic_load_n(&S.state, __ATOMIC_ACQUIRE);
+        if (S.broken) return -1;
+        if ((uint32_t)st == 0) {
+            uint64_t nst = (((st >> 32) + 1) << 32) | (t->tindex + 1);
+            if (__atomic_compare_exchange_n(&S.state, &st, nst, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                t->holding = 1;
+                S.holder = t;
+                reap_dying();
+                return (int64_t)(st >> 32);
+            }
+            continue;
+        }
+        int w = __atomic_load_n(&S.word, __ATOMIC_SEQ_CST);
+        __atomic_add_fetch(&S.nreq, 1, __ATOMIC_SEQ_CST);
+        if ((uint32_t)__atomic_load_n(&S.state, __ATOMIC_ACQUIRE) != 0) {
+            struct timespec rel = {0, 100 * 1000000L};
+            RS4(SYS_futex, &S.word, FUTEX_WAIT_PRIVATE, w, &rel);
+        }
+        __atomic_sub_fetch(&S.nreq, 1, __ATOMIC_SEQ_CST);
+        int64_t now = mono_ns();
+        if (!waited_since) waited_since = now;
+        tls_t *h = S.holder;
+        if (h && h->guard) waited_since = now; /* a paused holder is at a hooked call */
+        if (now - waited_since > S.stall_ns) {
+            int zero = 0;
+            if (__atomic_compare_exchange_n(&S.broken, &zero, 1, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                schedrec_t r = {(uint32_t)(__atomic_load_n(&S.state, __ATOMIC_ACQUIRE) >> 32),
+                                SCHED_STOLEN};
+                rec(t, CH_SCHED, op, &r, sizeof r);
+                __atomic_add_fetch(&S.word, 1, __ATOMIC_SEQ_CST);
+                futex_wake_all(&S.word);
+            }
+            return -1;
+        }
+    }
+}
+
+/* Replay: take the baton at this thread's next recorded grant, which must be for `op`;
+ * return the recorded outcome. */
+static int32_t take_replay(tls_t *t, int op) {
+    uint32_t n;
+    const unsigned char *p = serve(t, CH_SCHED, op, NULL, 0, &n);
+    if (!p || n < sizeof(schedrec_t)) return 0; /* lenient: run on unscheduled */
+    schedrec_t r;
+    memcpy(&r, p, sizeof r);
+    if (r.result == SCHED_STOLEN) {
+        sched_report(t, "threads ran unscheduled from here (record broke a stall: a "
+                        "busy-wait or a blocking call the shim does not see)", r.grant, op);
+        if (!g_lenient) die(DIVERGENCE_EXIT);
+        S.broken = 1;
+        return 0;
+    }
+    int64_t last = 0;
+    uint64_t seen = ~0ULL;
+    for (;;) {
+        uint64_t st = __atomic_load_n(&S.state, __ATOMIC_ACQUIRE);
+        if (S.broken) return r.result;
+        if ((uint32_t)st == 0 && (uint32_t)(st >> 32) == r.grant) {
+            uint64_t nst = ((uint64_t)(r.grant + 1) << 32) | (t->tindex + 1);
+            if (__atomic_compare_exchange_n(&S.state, &st, nst, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                t->holding = 1;
+                S.holder = t;
+                reap_dying();
+                return r.result;
+            }
+            continue;
+        }
+        int w = __atomic_load_n(&S.word, __ATOMIC_SEQ_CST);
+        __atomic_add_fetch(&S.nreq, 1, __ATOMIC_SEQ_CST);
+        st = __atomic_load_n(&S.state, __ATOMIC_ACQUIRE);
+        if (!((uint32_t)st == 0 && (uint32_t)(st >> 32) == r.grant)) {
+            struct timespec rel = {0, 100 * 1000000L};
+            RS4(SYS_futex, &S.word, FUTEX_WAIT_PRIVATE, w, &rel);
+        }
+        __atomic_sub_fetch(&S.nreq, 1, __ATOMIC_SEQ_CST);
+        int64_t now = mono_ns();
+        if (st != seen) { seen = st; last = now; }
+        if (now - last > 30 * S.stall_ns) {
+            sched_report(t, "the turn never came: the thread holding it did not reach the "
+                            "blocking call it made when recorded", r.grant, op);
+            if (!g_lenient) die(DIVERGENCE_EXIT);
+            S.broken = 1;
+            return r.result;
+        }
+    }
+}
+
+/* Take the baton after a blocking call whose outcome was `result` (record), or at the
+ * recorded grant (replay, which returns the recorded outcome). */
+static int32_t sched_take(tls_t *t, int op, int32_t result) {
+    if (g_mode == MODE_REPLAY) return take_replay(t, op);
+    int64_t g = take_record(t, op);
+    if (g >= 0) {
+        schedrec_t r = {(uint32_t)g, result};
+        rec(t, CH_SCHED, op, &r, sizeof r);
+    }
+    return result;
+}
+
+/* A wait for another thread on `obj`: `try` is the non-blocking form (0 = got it,
+ * EAGAIN = not yet, anything else = an error to return). `abs` is an absolute deadline
+ * on `clk` (NULL: none). Called holding the baton; returns holding it. */
+typedef int (*try_fn)(void *obj);
+
+#define SCHED_REAL (-1) /* the schedule is off (broken): the caller waits for real */
+
+static long park(bucket_t *b, int e, const struct timespec *abs, int clk) {
+    if (!abs || clk == CLOCK_REALTIME || clk == CLOCK_MONOTONIC)
+        return futex_wait(&b->epoch, e, abs, abs && clk == CLOCK_REALTIME);
+    struct timespec now, at;  /* another clock: the same distance on the monotonic one */
+    RS2(SYS_clock_gettime, clk, &now);
+    int64_t left = (abs->tv_sec - now.tv_sec) * 1000000000LL + abs->tv_nsec - now.tv_nsec;
+    RS2(SYS_clock_gettime, CLOCK_MONOTONIC, &now);
+    int64_t at_ns = now.tv_sec * 1000000000LL + now.tv_nsec + (left > 0 ? left : 0);
+    at.tv_sec = at_ns / 1000000000LL;
+    at.tv_nsec = at_ns % 1000000000LL;
+    return futex_wait(&b->epoch, e, &at, 0);
+}
+
+static int sched_wait_for(tls_t *t, int op, void *obj, try_fn try, const struct timespec *abs,
+                          int clk) {
+    bucket_t *b = bucket_of(obj);
+    int recording = g_mode == MODE_RECORD, e = 0;
+    if (recording) { /* registered before the first try: a wake-up between is not lost */
+        __atomic_add_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
+        e = __atomic_load_n(&b->epoch, __ATOMIC_SEQ_CST);
+    }
+    int r = try(obj);
+    for (;;) {
+        if (r != EAGAIN) {
+            if (recording) __atomic_sub_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
+            return r;
+        }
+        sched_release(t);
+        if (recording) {
+            long fr = park(b, e, abs, clk);
+            if (fr == -ETIMEDOUT) {
+                __atomic_sub_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
+                sched_take(t, op, ETIMEDOUT);
+                return ETIMEDOUT;
+            }
+            int64_t g = take_record(t, op);
+            if (g < 0) {
+                __atomic_sub_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
+                return SCHED_REAL;
+            }
+            e = __atomic_load_n(&b->epoch, __ATOMIC_SEQ_CST);
+            r = try(obj);
+            schedrec_t sr = {(uint32_t)g, r};
+            rec(t, CH_SCHED, op, &sr, sizeof sr);
+            continue;
+        }
+        int32_t want = take_replay(t, op);
+        if (S.broken) return SCHED_REAL;
+        if (want == ETIMEDOUT) return ETIMEDOUT;
+        r = try(obj);
+        if (r != want) {
+            sched_report(t, want == 0 ? "the wait was over" : "the wait was not over yet",
+                         (uint32_t)t->st[CH_SCHED].pos, op);
+            if (!g_lenient) die(DIVERGENCE_EXIT);
+            S.broken = 1;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ gated primitives */
+
+static int try_mutex(void *m) {
+    int r = pthread_mutex_trylock((pthread_mutex_t *)m);
+    return r == EBUSY ? EAGAIN : r;
+}
+
+static int try_sem(void *s) {
+    return sem_trywait((sem_t *)s) == 0 ? 0 : (errno == EAGAIN ? EAGAIN : errno);
+}
+
+static int mutex_gated(pthread_mutex_t *m, const struct timespec *abs, int clk) {
+    int r = pthread_mutex_trylock(m);
+    if (r != EBUSY) return r;
+    if (m->__data.__owner == (int)RS0(SYS_gettid)) { /* relock by the owner: its own answer */
+        RESOLVE(pthread_mutex_lock);
+        return real_pthread_mutex_lock(m);
+    }
+    r = sched_wait_for(&T, OP_SCHED_MUTEX, m, try_mutex, abs, clk);
+    if (r != SCHED_REAL) return r;
+    if (abs) {
+        RESOLVE(pthread_mutex_clocklock);
+        return real_pthread_mutex_clocklock(m, (clockid_t)clk, abs);
+    }
+    RESOLVE(pthread_mutex_lock);
+    return real_pthread_mutex_lock(m);
+}
+
+EXPORT int pthread_mutex_lock(pthread_mutex_t *m) {
+    if (LIKELY(!sched_here())) {
+        RESOLVE(pthread_mutex_lock);
+        return real_pthread_mutex_lock(m);
+    }
+    return mutex_gated(m, NULL, 0);
+}
+
+EXPORT int pthread_mutex_unlock(pthread_mutex_t *m) {
+    RESOLVE(pthread_mutex_unlock);
+    int r = real_pthread_mutex_unlock(m);
+    sched_notify(m);
+    return r;
+}
+
+/* Replay, unscheduled: an absolute deadline computed from served clocks, in real time. */
+static const struct timespec *translate_deadline(int clk, const struct timespec *abs,
+                                                 struct timespec *out);
+
+EXPORT int pthread_mutex_timedlock(pthread_mutex_t *m, const struct timespec *a) {
+    if (sched_here()) return mutex_gated(m, a, CLOCK_REALTIME);
+    RESOLVE(pthread_mutex_timedlock);
+    struct timespec tr;
+    return real_pthread_mutex_timedlock(m, translate_deadline(CLOCK_REALTIME, a, &tr));
+}
+
+EXPORT int pthread_mutex_clocklock(pthread_mutex_t *m, clockid_t k, const struct timespec *a) {
+    if (sched_here()) return mutex_gated(m, a, (int)k);
+    RESOLVE(pthread_mutex_clocklock);
+    struct timespec tr;
+    return real_pthread_mutex_clocklock(m, k, translate_deadline((int)k, a, &tr));
+}
+
+/* glibc keeps a condition's clock in bit 1 of __wrefs (0 realtime, 1 monotonic). */
+static int cond_clock(const pthread_cond_t *c) {
+    return (c->__data.__wrefs >> 1) & 1 ? CLOCK_MONOTONIC : CLOCK_REALTIME;
+}
+
+static int cond_gated(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *abs,
+                      int clk) {
+    tls_t *t = &T;
+    bucket_t *b = bucket_of(c);
+    int e = 0;
+    if (g_mode == MODE_RECORD) {
+        __atomic_add_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
+        e = __atomic_load_n(&b->epoch, __ATOMIC_SEQ_CST);
+    }
+    pthread_mutex_unlock(m);
+    sched_release(t);
+    int32_t res;
+    if (g_mode == MODE_RECORD) {
+        long fr = futex_wait(&b->epoch, e, abs, abs && clk == CLOCK_REALTIME);
+        __atomic_sub_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
+        res = fr == -ETIMEDOUT ? ETIMEDOUT : 0;
+        sched_take(t, OP_SCHED_COND, res);
+    } else {
+        res = take_replay(t, OP_SCHED_COND);
+    }
+    int r = sched_here() ? mutex_gated(m, NULL, 0) : pthread_mutex_lock(m);
+    return r ? r : res;
+}
+
+EXPORT int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m) {
+    if (sched_here()) return cond_gated(c, m, NULL, 0);
+    RESOLVE(pthread_cond_wait);
+    return real_pthread_cond_wait(c, m);
+}
+
+EXPORT int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *a) {
+    if (sched_here()) return cond_gated(c, m, a, cond_clock(c));
+    RESOLVE(pthread_cond_timedwait);
+    struct timespec tr;
+    return real_pthread_cond_timedwait(c, m, translate_deadline(-1, a, &tr));
+}
+
+EXPORT int pthread_cond_clockwait(pthread_cond_t *c, pthread_mutex_t *m, clockid_t k,
+                                  const struct timespec *a) {
+    if (sched_here()) return cond_gated(c, m, a, (int)k);
+    RESOLVE(pthread_cond_clockwait);
+    struct timespec tr;
+    return real_pthread_cond_clockwait(c, m, k, translate_deadline((int)k, a, &tr));
+}
+
+EXPORT int pthread_cond_signal(pthread_cond_t *c) {
+    RESOLVE(pthread_cond_signal);
+    int r = real_pthread_cond_signal(c);
+    sched_notify(c);
+    return r;
+}
+
+EXPORT int pthread_cond_broadcast(pthread_cond_t *c) {
+    RESOLVE(pthread_cond_broadcast);
+    int r = real_pthread_cond_broadcast(c);
+    sched_notify(c);
+    return r;
+}
+
+static int sem_gated(sem_t *s, const struct timespec *abs, int clk) {
+    int r = sched_wait_for(&T, OP_SCHED_SEM, s, try_sem, abs, clk);
+    if (r == SCHED_REAL) {
+        RESOLVE(sem_wait); RESOLVE(sem_clockwait);
+        return abs ? real_sem_clockwait(s, (clockid_t)clk, abs) : real_sem_wait(s);
+    }
+    if (r) { errno = r; return -1; }
+    return 0;
+}
+
+EXPORT int sem_wait(sem_t *s) {
+    if (sched_here()) return sem_gated(s, NULL, 0);
+    RESOLVE(sem_wait);
+    return real_sem_wait(s);
+}
+
+EXPORT int sem_timedwait(sem_t *s, const struct timespec *a) {
+    if (sched_here()) return sem_gated(s, a, CLOCK_REALTIME);
+    RESOLVE(sem_timedwait);
+    struct timespec tr;
+    return real_sem_timedwait(s, translate_deadline(CLOCK_REALTIME, a, &tr));
+}
+
+EXPORT int sem_clockwait(sem_t *s, clockid_t k, const struct timespec *a) {
+    if (sched_here()) return sem_gated(s, a, (int)k);
+    RESOLVE(sem_clockwait);
+    struct timespec tr;
+    return real_sem_clockwait(s, k, translate_deadline((int)k, a, &tr));
+}
+
+EXPORT int sem_post(sem_t *s) {
+    RESOLVE(sem_post);
+    int r = real_sem_post(s);
+    sched_notify(s);
+    return r;
+}
+
+/* An external wait (sleep, I/O, a child, a thread's exit): release the baton around
+ * the real (record) or served (replay) call, then take a grant. */
+static inline int gate_out(void) {
+    if (!sched_here()) return 0;
+    sched_release(&T);
+    return 1;
+}
+
+static inline void gate_in(int gated, int op, int32_t result) {
+    if (gated) sched_take(&T, op, result);
+}
+
+/* The one shape of every external wait: the taped call between a release and a take
+ * (`when`: the call can block at all). errno is the call's. */
+#define GATED(op, when, call)                                  \
+    __extension__({                                            \
+        int g_ = (when) ? gate_out() : 0;                      \
+        __typeof__(call) r_ = (call);                          \
+        if (g_) { int e_ = errno; gate_in(g_, op, 0); errno = e_; } \
+        r_;                                                    \
+    })
+
+EXPORT int pthread_join(pthread_t th, void **ret) {
+    RESOLVE(pthread_join);
+    return GATED(OP_SCHED_JOIN, 1, real_pthread_join(th, ret));
+}
+
+EXPORT int sched_yield(void) {
+    RESOLVE(sched_yield);
+    int g = gate_out();
+    int r = g_mode == MODE_REPLAY && g ? 0 : real_sched_yield();
+    gate_in(g, OP_SCHED_YIELD, 0);
+    return r;
+}
+
+/* futex(2) through syscall() (Rust's std, and anything else that parks on a word).
+ * Record waits for real; replay returns the recorded outcome at the recorded grant
+ * (a futex wait may return spuriously: callers re-check their word). */
+static long sched_futex(long a, long b, long c, long d, long e, long f) {
+    int cmd = (int)b & FUTEX_CMD_MASK;
+    if ((cmd != FUTEX_WAIT && cmd != FUTEX_WAIT_BITSET) || !sched_here())
+        return rsys(SYS_futex, a, b, c, d, e, f);
+    sched_release(&T);
+    long r = 0;
+    if (g_mode == MODE_RECORD) {
+        r = rsys(SYS_futex, a, b, c, d, e, f);
+        sched_take(&T, OP_SCHED_FUTEX, (int32_t)r);
+    } else {
+        r = take_replay(&T, OP_SCHED_FUTEX);
+    }
+    return r;
+}
+
+/* ------------------------------------------------------------------ thread lifetime */
+
+/* The first on-schedule thread start turns the schedule on, with the creator holding. */
+static void sched_thread_created(void) {
+    if (S.on || !g_mode) return;
+    tls_t *t = me();
+    __atomic_store_n(&S.state, (uint64_t)(t->tindex + 1), __ATOMIC_RELEASE);
+    t->holding = 1;
+    S.holder = t;
+    __atomic_store_n(&S.on, 1, __ATOMIC_RELEASE);
+}
+
+static void sched_thread_start(void) {
+    if (sched_here()) sched_take(&T, OP_SCHED_START, 0);
+}
+
+static void sched_thread_end(void) {
+    if (T.holding) S.dying = (int)RS0(SYS_gettid);
+    sched_release(&T);
+    T.sched_off = 1;
+}
+
+EXPORT void pthread_exit(void *ret) {
+    RESOLVE(pthread_exit);
+    if (g_mode) sched_thread_end();
+    real_pthread_exit(ret);
+    __builtin_unreachable();
+}
+
+static void sched_after_fork_child(void) {
+    int64_t stall = S.stall_ns;
+    memset(&S, 0, sizeof S);
+    S.stall_ns = stall;
+    memset(g_bk, 0, sizeof g_bk);
+    T.holding = 0;
+}
+
+/* Socket waits of program code (a server thread's accept, a recv on a socketpair between
+ * threads); the Python hooks' own socket calls run paused, unscheduled. */
+static long sys_ret(long r) {
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    return r;
+}
+
+EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *sa,
+                        socklen_t *sl) {
+    return GATED(OP_SCHED_IO, 1, sys_ret(RS6(SYS_recvfrom, fd, buf, n, flags, sa, sl)));
+}
+EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags) {
+    return recvfrom(fd, buf, n, flags, NULL, NULL);
+}
+EXPORT ssize_t recvmsg(int fd, struct msghdr *mh, int flags) {
+    return GATED(OP_SCHED_IO, 1, sys_ret(RS3(SYS_recvmsg, fd, mh, flags)));
+}
+EXPORT int accept4(int fd, struct sockaddr *sa, socklen_t *sl, int flags) {
+    return (int)GATED(OP_SCHED_IO, 1, sys_ret(RS4(SYS_accept4, fd, sa, sl, flags)));
+}
+EXPORT int accept(int fd, struct sockaddr *sa, socklen_t *sl) { return accept4(fd, sa, sl, 0); }
