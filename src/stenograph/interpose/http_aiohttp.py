@@ -70,7 +70,7 @@ def install(client: ModuleType) -> None:
         if not readers:  # not at install: aiohttp is still importing its client then
             readers.append(compat.tape_reader_class(aiohttp))
         reader = readers[0](chunks.next, chunks.close, compat.session_loop(session))
-        weakref.finalize(reader, chunks.close)
+        weakref.finalize(reader, chunks.close, True)
         return reader
 
     async def _request(self: Any, method: str, str_or_url: Any, **kwargs: Any) -> Any:

@@ -20,6 +20,7 @@ the tape logic is made once:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -183,20 +184,26 @@ _ORPHANS: list[Body] = []
 def _tape_free(tape: PyTape) -> bool:
     """Whether a commit can take the tape's lock now. A body collected by the cyclic
     garbage collector (an aiohttp response is in a cycle with its connection) is closed
-    wherever the collection ran, possibly inside a commit of this same thread holding the
-    lock: its entry then waits for the next call instead of deadlocking."""
+    wherever the collection ran, possibly inside a commit of this same thread, which holds
+    the lock: its entry then waits for the next call or the exit instead of deadlocking."""
     lock = getattr(tape, "_lock", None)
-    if lock is None or not lock.acquire(timeout=0.5):
-        return lock is None
+    if lock is None:
+        return True
+    if not lock.acquire(timeout=2.0):
+        return False
     lock.release()
     return True
+
+
+def _flush_orphans() -> None:
+    while _ORPHANS:
+        _ORPHANS.pop().finished(complete=False)
 
 
 def begin(tape: PyTape, method: str, url: str, headers: list[tuple[str, str]],
           body: bytes) -> Call:
     """Classify, claim the position, describe: the start of every intercepted call."""
-    while _ORPHANS:
-        _ORPHANS.pop().finished(complete=False)
+    _flush_orphans()
     return Call(tape, method, url, headers, body)
 
 
@@ -233,14 +240,16 @@ class _Source:
             self.eof = True
             body.finished(complete=True)
 
-    def _abandoned(self) -> None:
+    def _abandoned(self, collected: bool) -> None:
         body = self.body
         if body is None or body.done:
             return
-        if _tape_free(self.tape):
+        if not collected or _tape_free(self.tape):
             body.finished(complete=False)
-        else:
-            _ORPHANS.append(body)
+            return
+        if not _ORPHANS:
+            atexit.register(_flush_orphans)
+        _ORPHANS.append(body)
 
 
 class Chunks(_Source):
@@ -279,12 +288,13 @@ class Chunks(_Source):
             if chunk:
                 return chunk
 
-    def close(self) -> None:
-        """The program is done with the body (closed or collected), read or not."""
+    def close(self, collected: bool = False) -> None:
+        """The program is done with the body (closed, or ``collected`` by the garbage
+        collector), read or not."""
         if self.body is None:
             return
         with self.tape.shim.paused():
-            self._abandoned()
+            self._abandoned(collected)
             if not self.eof:
                 self.eof = True
                 if self.on_end is not None:
@@ -318,9 +328,9 @@ class AsyncChunks(_Source):
             if chunk:
                 return chunk
 
-    def close(self) -> None:
+    def close(self, collected: bool = False) -> None:
         if self.body is None:
             return
         with self.tape.shim.paused():
-            self._abandoned()
+            self._abandoned(collected)
             self.eof = True
