@@ -407,3 +407,53 @@ def test_generated_chunkings_replay_identically(scratch: object, server: str, si
         assert rec.returncode == 0, rec.stderr.decode()
         assert rep.returncode == 0, (query, rep.stderr.decode())
         assert rep.stdout == rec.stdout, query
+
+
+SSE_PROGRAM = textwrap.dedent("""
+    import json, sys
+    import requests
+    r = requests.post(sys.argv[1] + "/chat/completions", stream=True,
+                      headers={"Authorization": "Bearer sk-test", "x-steno-test":
+                               "chunk_delay_ms=10"},
+                      json={"model": "m", "stream": True,
+                            "messages": [{"role": "user", "content": "hi"}]})
+    for c in r.iter_content(chunk_size=None):
+        print("chunk", len(c), flush=True)
+    r = requests.post(sys.argv[1] + "/chat/completions", stream=True,
+                      headers={"Authorization": "Bearer sk-test"},
+                      json={"model": "m", "stream": True,
+                            "messages": [{"role": "user", "content": "hi"}]})
+    text = ""
+    for line in r.iter_lines():
+        if line.startswith(b"data: {"):
+            text += json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+    print("text", repr(text))
+""")
+
+
+def test_requests_sse_from_the_model_server_replays_chunk_by_chunk(tmp_path: Path) -> None:
+    """The user's program: a streamed chat completion read with ``stream=True`` and
+    ``iter_content(chunk_size=None)``, against the loopback model server (stopped before
+    the replay)."""
+    from stenograph.testing.model_server import ModelServer
+
+    prog = tmp_path / "sse_chat.py"
+    prog.write_text(SSE_PROGRAM)
+    out = tmp_path / "sse_chat.steno"
+    srv = ModelServer(script=[{"text": "one two three four five"}]).start()
+    try:
+        rec = subprocess.run([*CLI, "record", "-o", str(out), "--", sys.executable, str(prog),
+                              srv.openai_base_url], env=_env(), cwd=tmp_path,
+                             capture_output=True, timeout=60)
+    finally:
+        srv.stop()
+    assert rec.returncode == 0, rec.stderr.decode()
+    chunks = [line for line in rec.stdout.decode().splitlines() if line.startswith("chunk")]
+    assert len(chunks) >= 6, rec.stdout.decode()  # one per SSE event, not the whole body
+    assert "text 'one two three four five'" in rec.stdout.decode()
+    x = _exchanges(out)[0]
+    assert len(x["response"]["chunks"]) == len(chunks)  # type: ignore[index]
+    rep = subprocess.run([*CLI, "replay", str(out)], env=_env(), capture_output=True,
+                         timeout=60)
+    assert rep.returncode == 0, rep.stderr.decode()
+    assert rep.stdout == rec.stdout
