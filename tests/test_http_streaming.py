@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import time
 from collections.abc import Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -278,6 +280,20 @@ PROGRAMS = {"requests": REQUESTS, "aiohttp": AIOHTTP, "httpx": HTTPX,
             **{f"{k}-broken": v for k, v in BROKEN.items()}}
 
 
+def _run(cmd: list[str], *, timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    """``subprocess.run`` in its own process group, all of which is killed on a timeout:
+    a hung recording must not leave the recorded program behind."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True, **kwargs)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items()
             if not k.startswith("STENO_") and k != "LD_PRELOAD"}
@@ -286,8 +302,7 @@ def _env() -> dict[str, str]:
 def _plain(tmp: Path, lib: str, *args: str) -> subprocess.CompletedProcess[bytes]:
     prog = tmp / f"{lib}_prog.py"
     prog.write_text(PROGRAMS[lib])
-    return subprocess.run([sys.executable, str(prog), *args], env=_env(), cwd=tmp,
-                          capture_output=True, timeout=60)
+    return _run([sys.executable, str(prog), *args], env=_env(), cwd=tmp, timeout=60)
 
 
 def record_replay(tmp: Path, lib: str, *args: str) -> tuple[subprocess.CompletedProcess[bytes],
@@ -298,11 +313,10 @@ def record_replay(tmp: Path, lib: str, *args: str) -> tuple[subprocess.Completed
     prog = tmp / f"{lib}_prog.py"
     prog.write_text(PROGRAMS[lib])
     out = tmp / f"{lib}.steno"
-    rec = subprocess.run([*CLI, "record", "-o", str(out), "--", sys.executable, str(prog),
-                          *args], env=_env(), cwd=tmp, capture_output=True, timeout=90)
+    rec = _run([*CLI, "record", "-o", str(out), "--", sys.executable, str(prog), *args],
+               env=_env(), cwd=tmp, timeout=90)
     assert out.exists(), rec.stderr.decode()
-    rep = subprocess.run([*CLI, "replay", str(out)], env=_env(), capture_output=True,
-                         timeout=90)
+    rep = _run([*CLI, "replay", str(out)], env=_env(), timeout=90)
     return rec, rep, out
 
 
@@ -378,12 +392,11 @@ def test_requests_iter_content_none_used_to_hang(tmp_path: Path, server: str) ->
         print("end of stream")
     """))
     out = tmp_path / "sse.steno"
-    rec = subprocess.run([*CLI, "record", "-o", str(out), "--", sys.executable, str(prog),
-                          server], env=_env(), cwd=tmp_path, capture_output=True, timeout=30)
+    rec = _run([*CLI, "record", "-o", str(out), "--", sys.executable, str(prog), server],
+               env=_env(), cwd=tmp_path, timeout=30)
     assert rec.returncode == 0, rec.stderr.decode()
     assert rec.stdout == b"8\n8\n8\n8\n8\nend of stream\n"
-    rep = subprocess.run([*CLI, "replay", str(out)], env=_env(), capture_output=True,
-                         timeout=30)
+    rep = _run([*CLI, "replay", str(out)], env=_env(), timeout=30)
     assert rep.returncode == 0, rep.stderr.decode()
     assert rep.stdout == rec.stdout
     (x,) = _exchanges(out)
@@ -442,9 +455,8 @@ def test_requests_sse_from_the_model_server_replays_chunk_by_chunk(tmp_path: Pat
     out = tmp_path / "sse_chat.steno"
     srv = ModelServer(script=[{"text": "one two three four five"}]).start()
     try:
-        rec = subprocess.run([*CLI, "record", "-o", str(out), "--", sys.executable, str(prog),
-                              srv.openai_base_url], env=_env(), cwd=tmp_path,
-                             capture_output=True, timeout=60)
+        rec = _run([*CLI, "record", "-o", str(out), "--", sys.executable, str(prog),
+                    srv.openai_base_url], env=_env(), cwd=tmp_path, timeout=60)
     finally:
         srv.stop()
     assert rec.returncode == 0, rec.stderr.decode()
@@ -453,7 +465,6 @@ def test_requests_sse_from_the_model_server_replays_chunk_by_chunk(tmp_path: Pat
     assert "text 'one two three four five'" in rec.stdout.decode()
     x = _exchanges(out)[0]
     assert len(x["response"]["chunks"]) == len(chunks)  # type: ignore[index]
-    rep = subprocess.run([*CLI, "replay", str(out)], env=_env(), capture_output=True,
-                         timeout=60)
+    rep = _run([*CLI, "replay", str(out)], env=_env(), timeout=60)
     assert rep.returncode == 0, rep.stderr.decode()
     assert rep.stdout == rec.stdout
