@@ -45,6 +45,10 @@ def _steno_start() -> None:
         if p and p not in sys.path:
             sys.path.append(p)  # after the program's own paths: its packages win
     if mode in ("record", "replay"):
+        # A recording must not change the world its replay reads: bytecode caches
+        # written under record would exist at replay and change which files the import
+        # system stats, lists and reads.
+        sys.dont_write_bytecode = True
         # Only the import hook, identical in both modes: the tape itself is built on the
         # first intercepted call, so start-up allocates the same objects in record and
         # replay and, with ASLR off, the program's id()s and address-hashed orders repeat.
