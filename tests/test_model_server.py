@@ -496,6 +496,21 @@ def test_cut_stream_knob(srv: ModelServer) -> None:
     assert "".join(got) == "Let me "  # role chunk + two words, then the RST
 
 
+def test_responses_knobs_retry_and_cut(srv: ModelServer) -> None:
+    """The knobs apply to /v1/responses as to chat: a 500 in the SDK's error shape is
+    retried, and a stream cut after N events is a connection error mid-stream."""
+    client = oai(srv, default_headers={"x-steno-test": "fail=1"})
+    assert client.responses.create(model="m", input="hi").output_text == "Let me look around."
+    seen = srv.requests_to("/v1/responses")
+    assert [(q.attempt, q.status) for q in seen] == [(1, 500), (2, 200)]
+    cut = oai(srv, max_retries=0, default_headers={"x-steno-test": "cut_after=5"})
+    kinds: list[str] = []
+    with pytest.raises(openai.APIConnectionError):
+        for event in cut.responses.create(model="m", input="hi", stream=True):
+            kinds.append(event.type)
+    assert kinds[-1] == "response.output_text.delta" and len(kinds) == 5
+
+
 # --------------------------------------------------------------------------- determinism
 
 
