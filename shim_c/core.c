@@ -257,13 +257,13 @@ static void map_stream(tls_t *t, int ch) {
     RS1(SYS_close, fd);
 }
 
-static const char *const OP_NAMES[NCH][16] = {
+static const char *const OP_NAMES[NCH][32] = {
 #define OP(ch, op, name) [ch][op] = name,
 #include "wrapped.def"
 };
 
 static const char *op_name(int ch, int op) {
-    const char *name = (unsigned)ch < NCH && (unsigned)op < 16 ? OP_NAMES[ch][op] : NULL;
+    const char *name = (unsigned)ch < NCH && (unsigned)op < 32 ? OP_NAMES[ch][op] : NULL;
     return name ? name : "?";
 }
 
@@ -358,6 +358,31 @@ static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, 
     if (g_reports++ < 500) append_report(line, (size_t)(p - line));
 }
 
+/* A stream that ends where the program asks for more is a divergence -- unless the
+ * recording of this process ended there because a signal killed it (its tape has no exit
+ * record: TAPE/<proc>/exited is absent). Then the replayed killer sends the signal again,
+ * maybe a little later than the recorded one landed: wait for it (10 s at most; a
+ * recording made before exit records existed waits so at every end of stream). */
+static void await_kill(void) {
+    char path[1400];
+    char *p = s_put(path, path + sizeof path - 1, g_tape);
+    p = s_put(p, path + sizeof path - 1, "/");
+    p = s_put(p, path + sizeof path - 1, g_proc);
+    p = s_put(p, path + sizeof path - 1, "/exited");
+    *p = 0;
+    struct stat st; /* (no directory for the process at all: killed before it shipped a record) */
+    if (!is_err(RS4(SYS_newfstatat, AT_FDCWD, path, &st, 0))) return;
+    /* with every signal unblocked: the recorded one landed before this point, which the
+     * program may have reached with it blocked (a shell's child right after fork) */
+    uint64_t none = 0, old = 0;
+    RS4(SYS_rt_sigprocmask, SIG_SETMASK, &none, &old, 8);
+    for (int i = 0; i < 1000; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        RS2(SYS_nanosleep, &ts, NULL);
+    }
+    RS4(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, 8);
+}
+
 /* Next record of (thread, ch) if it is op with these argument bytes; else report the
  * divergence and exit 86 (or return NULL under STENO_LENIENT, leaving the stream where
  * it is so a later call may line up again). *plen receives the payload length. */
@@ -380,6 +405,7 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
             return rh + 8;
         }
     }
+    if (!rh && !g_lenient) await_kill();
     report("divergence", t, ch, rh, op, args, argn);
     if (!g_lenient) die(DIVERGENCE_EXIT);
     inshim_leave();

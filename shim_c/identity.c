@@ -1,5 +1,7 @@
-/* Channel identity: getpid, getppid, gettid, gethostname, uname, and the procinfo
- * record each process (or image) starts with. */
+/* Channel identity: getpid, getppid, gettid, gethostname, uname, the procinfo record
+ * each process (or image) starts with, and every pid the program is handed (fork, spawn,
+ * waits, getpgid/getsid) -- with the map that turns the recorded pids the program passes
+ * back (kill, waitpid, sched_*, setpgid, prlimit...) into live ones at replay. */
 
 typedef struct { int32_t pid, ppid; } procrec_t;
 typedef struct { uint32_t size; int32_t rc; uint32_t n; } hostrec_t; /* then bytes[n] */
@@ -7,23 +9,80 @@ _Static_assert(sizeof(procrec_t) == 8, "OP_PROCINFO payload: i32 pid | i32 ppid"
 _Static_assert(sizeof(hostrec_t) == 12, "OP_GETHOSTNAME payload: u32 size | i32 rc | u32 n | bytes[n]");
 _Static_assert(sizeof(struct utsname) == 390, "OP_UNAME payload: i32 rc | struct utsname (390 bytes)");
 
+/* The pids replay has served. While the tape is paused (a Python hook at work) the
+ * program must still see them, not the live ones: asyncio, for one, checks that the pid
+ * its running loop was started under is still os.getpid(). */
+static pid_t g_vpid, g_vppid;
+
+/* Replay: recorded pid -> live pid, for every pid the tape served this process (children
+ * from fork/spawn, reaped pids, tids, process groups and sessions). Own pid and parent
+ * are g_vpid / g_vppid. Entries are appended under a lock and published by count, so
+ * lookups (any thread, any context) take no lock; the newest entry for a pid wins (pids
+ * are reused). Record needs no map: there the program sees live pids. */
+#define PIDMAP 4096
+static int32_t g_pm_rec[PIDMAP], g_pm_live[PIDMAP];
+static uint32_t g_pm_n;
+static int g_pm_lock;
+
+static void pid_learn(pid_t rec, pid_t live) {
+    if (g_mode != MODE_REPLAY || rec <= 0 || live <= 0) return;
+    spin_lock(&g_pm_lock);
+    uint32_t n = g_pm_n;
+    if (!(n && g_pm_rec[(n - 1) % PIDMAP] == rec && g_pm_live[(n - 1) % PIDMAP] == live)) {
+        g_pm_rec[n % PIDMAP] = rec;
+        g_pm_live[n % PIDMAP] = live;
+        __atomic_store_n(&g_pm_n, n + 1, __ATOMIC_RELEASE);
+    }
+    spin_unlock(&g_pm_lock);
+}
+
+static pid_t pid_live1(pid_t p) { /* p > 0, recorded numbering */
+    if (g_vpid && p == g_vpid) return (pid_t)RS0(SYS_getpid);
+    uint32_t n = __atomic_load_n(&g_pm_n, __ATOMIC_ACQUIRE);
+    uint32_t lo = n > PIDMAP ? n - PIDMAP : 0;
+    for (uint32_t i = n; i-- > lo;)
+        if (g_pm_rec[i % PIDMAP] == p) return g_pm_live[i % PIDMAP];
+    if (g_vppid && p == g_vppid) return (pid_t)RS0(SYS_getppid);
+    return p; /* not a pid the tape handed out (outside the tree, or never seen): as is */
+}
+
+/* A pid (or -pgid) the program passes to the kernel: recorded -> live. 0 and -1 keep
+ * their meaning (own group, every process). */
+static pid_t pid_live(pid_t p) {
+    if (g_mode != MODE_REPLAY) return p;
+    if (p > 0) return pid_live1(p);
+    if (p < -1) return -pid_live1(-p);
+    return p;
+}
+
+/* A pid the kernel returned that the tape did not serve (paused calls): live -> recorded. */
+static pid_t pid_rec(pid_t live) {
+    if (g_mode != MODE_REPLAY || live <= 0) return live;
+    if (g_vpid && live == (pid_t)RS0(SYS_getpid)) return g_vpid;
+    uint32_t n = __atomic_load_n(&g_pm_n, __ATOMIC_ACQUIRE);
+    uint32_t lo = n > PIDMAP ? n - PIDMAP : 0;
+    for (uint32_t i = n; i-- > lo;)
+        if (g_pm_live[i % PIDMAP] == live) return g_pm_rec[i % PIDMAP];
+    if (g_vppid && live == (pid_t)RS0(SYS_getppid)) return g_vppid;
+    return live;
+}
+
 /* getpid, getppid, gettid: payload i32 value */
 static int32_t ident(int op, int32_t live) {
     tls_t *t = me();
     if (g_mode == MODE_REPLAY) {
         uint32_t n;
         const unsigned char *p = serve(t, CH_IDENTITY, op, NULL, 0, &n);
-        if (p && n >= 4) { int32_t v; memcpy(&v, p, 4); return v; }
+        if (p && n >= 4) {
+            int32_t v; memcpy(&v, p, 4);
+            if (op == OP_GETTID) pid_learn(v, live);
+            return v;
+        }
         return live;
     }
     rec(t, CH_IDENTITY, op, &live, 4);
     return live;
 }
-
-/* The pids replay has served. While the tape is paused (a Python hook at work) the
- * program must still see them, not the live ones: asyncio, for one, checks that the pid
- * its running loop was started under is still os.getpid(). */
-static pid_t g_vpid, g_vppid;
 
 /* Each process's pid and ppid, taped once as it (or a new image) starts. Replay takes
  * them before anything else, so the recorded pids are known from the first instruction,
@@ -71,8 +130,96 @@ EXPORT pid_t getppid(void) {
 }
 EXPORT pid_t gettid(void) {
     pid_t live = (pid_t)RS0(SYS_gettid);
-    if (!ACTIVE()) return live;
+    if (!ACTIVE()) return pid_rec(live);
     return ident(OP_GETTID, live);
+}
+
+/* A pid the kernel handed the program (fork, spawn, getpgid, getsid...): record tapes it
+ * (payload: args | i32 result, result a pid or -errno), replay serves the recorded one and
+ * learns recorded -> live. Paused: the live result, translated. */
+typedef struct { int32_t pid, result; } pidq_t;
+_Static_assert(sizeof(pidq_t) == 8, "OP_GETPGID/OP_GETSID payload: i32 pid | i32 result");
+
+static long pid_query(int op, int nr, pid_t pid) {
+    long r = RS1(nr, pid_live(pid));
+    if (!ACTIVE()) return is_err(r) ? r : pid_rec((pid_t)r);
+    tls_t *t = me();
+    pidq_t q = {pid, (int32_t)r};
+    if (g_mode == MODE_RECORD) { rec(t, CH_IDENTITY, op, &q, sizeof q); return r; }
+    uint32_t n;
+    const unsigned char *p = serve(t, CH_IDENTITY, op, &q.pid, 4, &n);
+    if (!p) return is_err(r) ? r : pid_rec((pid_t)r);
+    memcpy(&q, p, sizeof q);
+    if (q.result > 0 && !is_err(r)) pid_learn(q.result, (pid_t)r);
+    return q.result;
+}
+static inline long sys_ret_l(long r) {
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    return r;
+}
+EXPORT pid_t getpgid(pid_t pid) { return (pid_t)sys_ret_l(pid_query(OP_GETPGID, SYS_getpgid, pid)); }
+EXPORT pid_t getpgrp(void) { return getpgid(0); }
+EXPORT pid_t getsid(pid_t pid) { return (pid_t)sys_ret_l(pid_query(OP_GETSID, SYS_getsid, pid)); }
+
+/* Calls handed a pid back: at replay the recorded pid becomes the live one. */
+EXPORT int kill(pid_t pid, int sig) { return (int)sys_ret_l(RS2(SYS_kill, pid_live(pid), sig)); }
+EXPORT int killpg(pid_t pg, int sig) {
+    if (pg < 0) { errno = EINVAL; return -1; }
+    return (int)sys_ret_l(RS2(SYS_kill, -pid_live(pg), sig));
+}
+EXPORT int tgkill(pid_t tgid, pid_t tid, int sig) {
+    return (int)sys_ret_l(RS3(SYS_tgkill, pid_live(tgid), pid_live(tid), sig));
+}
+EXPORT int sigqueue(pid_t pid, int sig, const union sigval val) {
+    RESOLVE(sigqueue);
+    return real_sigqueue(pid_live(pid), sig, val);
+}
+EXPORT int pidfd_open(pid_t pid, unsigned int flags) {
+    return (int)sys_ret_l(RS2(SYS_pidfd_open, pid_live(pid), flags));
+}
+EXPORT int setpgid(pid_t pid, pid_t pgid) {
+    return (int)sys_ret_l(RS2(SYS_setpgid, pid_live(pid), pid_live(pgid)));
+}
+static id_t prio_who(int which, id_t who) {
+    return which == PRIO_PROCESS || which == PRIO_PGRP ? (id_t)pid_live((pid_t)who) : who;
+}
+EXPORT int getpriority(__priority_which_t which, id_t who) {
+    long r = RS2(SYS_getpriority, which, prio_who(which, who));
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    return 20 - (int)r; /* the kernel answers 20 - nice, as glibc undoes */
+}
+EXPORT int setpriority(__priority_which_t which, id_t who, int prio) {
+    return (int)sys_ret_l(RS3(SYS_setpriority, which, prio_who(which, who), prio));
+}
+EXPORT int prlimit(pid_t pid, __rlimit_resource_t res, const struct rlimit *nl, struct rlimit *ol) {
+    return (int)sys_ret_l(RS4(SYS_prlimit64, pid_live(pid), res, nl, ol));
+}
+EXPORT int prlimit64(pid_t pid, __rlimit_resource_t res, const struct rlimit64 *nl, struct rlimit64 *ol) {
+    return (int)sys_ret_l(RS4(SYS_prlimit64, pid_live(pid), res, nl, ol));
+}
+EXPORT int sched_setaffinity(pid_t pid, size_t size, const cpu_set_t *set) {
+    return (int)sys_ret_l(RS3(SYS_sched_setaffinity, pid_live(pid), size, set));
+}
+EXPORT int sched_getaffinity(pid_t pid, size_t size, cpu_set_t *set) {
+    long r = RS3(SYS_sched_getaffinity, pid_live(pid), size, set);
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    if ((size_t)r < size) memset((char *)set + r, 0, size - (size_t)r); /* as glibc does */
+    return 0;
+}
+EXPORT int sched_setscheduler(pid_t pid, int policy, const struct sched_param *sp) {
+    return (int)sys_ret_l(RS3(SYS_sched_setscheduler, pid_live(pid), policy, sp));
+}
+EXPORT int sched_getscheduler(pid_t pid) {
+    return (int)sys_ret_l(RS1(SYS_sched_getscheduler, pid_live(pid)));
+}
+EXPORT int sched_setparam(pid_t pid, const struct sched_param *sp) {
+    return (int)sys_ret_l(RS2(SYS_sched_setparam, pid_live(pid), sp));
+}
+EXPORT int sched_getparam(pid_t pid, struct sched_param *sp) {
+    return (int)sys_ret_l(RS2(SYS_sched_getparam, pid_live(pid), sp));
+}
+EXPORT int sched_rr_get_interval(pid_t pid, struct timespec *ts) {
+    return (int)sys_ret_l(RS2(SYS_sched_rr_get_interval, pid_live(pid), ts));
 }
 
 EXPORT int gethostname(char *name, size_t len) {

@@ -121,8 +121,39 @@ static ssize_t io_read(int fd, void *buf, size_t n) {
     }
 }
 
-/* waitpid(..., WNOHANG): whether a child has exited yet is timing, and polling loops
- * (Popen.wait with a timeout) read the clock once per try. Blocking waits need no tape. */
+/* Waits for children. waitpid(..., WNOHANG): whether a child has exited yet is timing,
+ * and polling loops (Popen.wait with a timeout) read the clock once per try: CH_IO
+ * OP_IO_WAIT. A blocking wait: which child it reaps (wait(), waitpid(-1)) and its pid:
+ * CH_IDENTITY OP_WAIT. Replay serves the recorded outcome and makes it true live: it reaps
+ * the live child the recorded pid maps to (blocking), so the program sees the recorded
+ * pid and status whatever order the live children end in. Paused: live, pids translated
+ * both ways. */
+typedef struct { int32_t pid, options, result, status; } waitrec_t;
+_Static_assert(sizeof(waitrec_t) == 16, "OP_WAIT payload: i32 pid | i32 options | i32 result | i32 status");
+
+static void wait_report(tls_t *t, int ch, pid_t want, long got) {
+    char line[512];
+    char *p = line, *end = line + sizeof line - 2;
+    p = s_put(p, end, "divergence\tproc="); p = s_put(p, end, g_proc);
+    p = s_put(p, end, "\tthread="); p = u_put(p, end, t->tindex);
+    p = s_put(p, end, "\tchannel="); p = s_put(p, end, CH_NAMES[ch]);
+    p = s_put(p, end, "\tpos="); p = u_put(p, end, t->st[ch].pos - 1);
+    p = s_put(p, end, "\trecorded=child "); p = i_put(p, end, want);
+    p = s_put(p, end, " reaped\tasked=wait: live child gave "); p = i_put(p, end, got);
+    *p++ = '\n';
+    if (g_reports++ < 500) append_report(line, (size_t)(p - line));
+    if (!g_lenient) die(DIVERGENCE_EXIT);
+}
+
+/* Replay: reap the live child behind recorded pid `rpid` as the recorded wait did. */
+static void reap_live(tls_t *t, int ch, pid_t rpid, int options, struct rusage *ru) {
+    pid_t lp = pid_live(rpid);
+    int st;
+    long r;
+    do r = RS4(SYS_wait4, lp, &st, options & ~WNOHANG, ru); while (r == -EINTR);
+    if (r != lp) wait_report(t, ch, rpid, r);
+}
+
 static pid_t io_wait4(pid_t pid, int *status, int options, struct rusage *ru) {
     tls_t *t = me();
     int32_t opt = options;
@@ -132,35 +163,123 @@ static pid_t io_wait4(pid_t pid, int *status, int options, struct rusage *ru) {
         iowait_t out = {opt, (int32_t)r, st};
         rec(t, CH_IO, OP_IO_WAIT, &out, sizeof out);
         if (is_err(r)) { errno = (int)-r; return -1; }
-        if (status) *status = st;
+        if (status && r > 0) *status = st;
         return (pid_t)r;
     }
     uint32_t plen;
     const unsigned char *p = serve(t, CH_IO, OP_IO_WAIT, &opt, 4, &plen);
-    long r;
     if (!p) {
-        r = RS4(SYS_wait4, pid, status, options, ru);
-    } else {
-        int32_t res;
-        memcpy(&res, p + offsetof(iowait_t, result), 4);
-        if (res == 0) return 0;
-        if (res < 0) { errno = -res; return -1; }
-        do r = RS4(SYS_wait4, pid, status, options & ~WNOHANG, ru); while (r == -EINTR);
+        long r = RS4(SYS_wait4, pid_live(pid), status, options, ru);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return pid_rec((pid_t)r);
     }
-    if (is_err(r)) { errno = (int)-r; return -1; }
-    return (pid_t)r;
+    iowait_t w;
+    memcpy(&w, p, sizeof w);
+    if (w.result == 0) return 0;
+    if (w.result < 0) { errno = -w.result; return -1; }
+    reap_live(t, CH_IO, w.result, options, ru);
+    if (status) *status = w.status;
+    return w.result;
+}
+
+static pid_t wait_blocking(pid_t pid, int *status, int options, struct rusage *ru) {
+    tls_t *t = me();
+    waitrec_t w = {pid, options, 0, 0};
+    if (g_mode == MODE_RECORD) {
+        long r = RS4(SYS_wait4, pid, &w.status, options, ru);
+        w.result = (int32_t)r;
+        rec(t, CH_IDENTITY, OP_WAIT, &w, sizeof w);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        if (status) *status = w.status;
+        return (pid_t)r;
+    }
+    uint32_t plen;
+    const unsigned char *p = serve(t, CH_IDENTITY, OP_WAIT, &w, 8, &plen);
+    if (!p) {
+        long r = RS4(SYS_wait4, pid_live(pid), status, options, ru);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return pid_rec((pid_t)r);
+    }
+    memcpy(&w, p, sizeof w);
+    if (w.result < 0) { errno = -w.result; return -1; } /* EINTR, ECHILD: as recorded */
+    if (w.result > 0) reap_live(t, CH_IDENTITY, w.result, options, ru);
+    if (status && w.result > 0) *status = w.status;
+    return w.result;
 }
 
 static pid_t wait4_taped(pid_t pid, int *status, int options, struct rusage *ru) {
-    if ((options & WNOHANG) && ACTIVE()) return io_wait4(pid, status, options, ru);
-    long r = RS4(SYS_wait4, pid, status, options, ru);
+    if (ACTIVE()) {
+        if (options & WNOHANG) return io_wait4(pid, status, options, ru);
+        return wait_blocking(pid, status, options, ru);
+    }
+    long r = RS4(SYS_wait4, pid_live(pid), status, options, ru);
     if (is_err(r)) { errno = (int)-r; return -1; }
-    return (pid_t)r;
+    return pid_rec((pid_t)r);
 }
 EXPORT pid_t wait4(pid_t pid, int *status, int options, struct rusage *ru) {
     return GATED(OP_SCHED_CHILD, !(options & WNOHANG), wait4_taped(pid, status, options, ru));
 }
 EXPORT pid_t waitpid(pid_t pid, int *status, int options) { return wait4(pid, status, options, NULL); }
+EXPORT pid_t wait(int *status) { return wait4(-1, status, 0, NULL); }
+EXPORT pid_t wait3(int *status, int options, struct rusage *ru) { return wait4(-1, status, options, ru); }
+
+/* waitid: payload i32 idtype | i32 id | i32 options (the arguments) | i32 rc | what the
+ * siginfo said (si_pid 0: nothing to report, WNOHANG). */
+typedef struct { int32_t idtype, id, options, rc, pid, code, status, uid; } waitidrec_t;
+_Static_assert(sizeof(waitidrec_t) == 32, "OP_WAITID payload: 8 x i32");
+
+static int waitid_taped(idtype_t idtype, id_t id, siginfo_t *info, int options) {
+    id_t lid = idtype == P_PID || idtype == P_PGID ? (id_t)pid_live((pid_t)id) : id;
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    if (!ACTIVE()) {
+        long r = RS6(SYS_waitid, idtype, lid, &si, options, NULL, 0);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        if (si.si_pid) si.si_pid = pid_rec(si.si_pid);
+        if (info) *info = si;
+        return 0;
+    }
+    tls_t *t = me();
+    waitidrec_t w = {(int32_t)idtype, (int32_t)id, options, 0, 0, 0, 0, 0};
+    if (g_mode == MODE_RECORD) {
+        long r = RS6(SYS_waitid, idtype, id, &si, options, NULL, 0);
+        w.rc = (int32_t)r;
+        if (!is_err(r)) { w.pid = si.si_pid; w.code = si.si_code; w.status = si.si_status; w.uid = (int32_t)si.si_uid; }
+        rec(t, CH_IDENTITY, OP_WAITID, &w, sizeof w);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        if (info) *info = si;
+        return 0;
+    }
+    uint32_t plen;
+    const unsigned char *p = serve(t, CH_IDENTITY, OP_WAITID, &w, 12, &plen);
+    if (!p) {
+        long r = RS6(SYS_waitid, idtype, lid, &si, options, NULL, 0);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        if (si.si_pid) si.si_pid = pid_rec(si.si_pid);
+        if (info) *info = si;
+        return 0;
+    }
+    memcpy(&w, p, sizeof w);
+    if (w.rc < 0) { errno = -w.rc; return -1; }
+    if (w.pid > 0) {
+        pid_t lp = pid_live(w.pid);
+        long r;
+        do r = RS6(SYS_waitid, P_PID, lp, &si, options & ~WNOHANG, NULL, 0); while (r == -EINTR);
+        if (is_err(r) || si.si_pid != lp) wait_report(t, CH_IDENTITY, w.pid, is_err(r) ? r : si.si_pid);
+        si.si_signo = SIGCHLD;
+        si.si_pid = w.pid;
+        si.si_code = w.code;
+        si.si_status = w.status;
+        si.si_uid = (uid_t)w.uid;
+    } else {
+        memset(&si, 0, sizeof si);
+    }
+    if (info) *info = si;
+    return 0;
+}
+EXPORT int waitid(idtype_t idtype, id_t id, siginfo_t *info, int options) {
+    return GATED(OP_SCHED_CHILD, !(options & WNOHANG), waitid_taped(idtype, id, info, options));
+}
 
 EXPORT ssize_t read(int fd, void *buf, size_t n) {
     if (UNLIKELY(rfd_is(fd)) && ACTIVE()) return entropy(OP_RANDOM_READ, buf, n, 0, fd);

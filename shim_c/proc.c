@@ -12,6 +12,7 @@ static void child_path(char *out, size_t cap, uint32_t idx) {
 static void after_fork_child(uint32_t idx) {
     char np[256];
     g_vpid = g_vppid = 0;
+    g_pm_lock = 0; /* the pid map stays: siblings' pids keep their live values */
     T.guard++;
     child_path(np, sizeof np, idx);
     memcpy(g_proc, np, s_len(np) + 1);
@@ -38,6 +39,8 @@ static void after_fork_child(uint32_t idx) {
     procinfo();
 }
 
+static long child_pid(tls_t *t, int op, long live, int *rcp);
+
 EXPORT pid_t fork(void) {
     RESOLVE(fork);
     if (!g_mode) return real_fork();
@@ -60,8 +63,34 @@ EXPORT pid_t fork(void) {
         spin_unlock(&t->tb->lock);
     }
     pid_t pid = real_fork();
-    if (pid == 0) after_fork_child(idx);
-    return pid;
+    if (pid == 0) { after_fork_child(idx); return 0; }
+    return (pid_t)child_pid(t, OP_FORK, pid < 0 ? -errno : pid, 0);
+}
+
+/* The pid of a child just started, as the parent sees it: record tapes the live one
+ * (OP_FORK: i32 result; OP_SPAWN: i32 rc | i32 pid), replay serves the recorded one and
+ * learns recorded -> live. fork: returns the pid (or -1, errno); spawn: the pid, the
+ * rc in *rcp. */
+static long child_pid(tls_t *t, int op, long live, int *rcp) {
+    int32_t v[2] = {rcp ? *rcp : 0, (int32_t)live};
+    int32_t *res = op == OP_FORK ? &v[1] : v;
+    uint32_t len = op == OP_FORK ? 4 : 8;
+    if (g_mode == MODE_RECORD) {
+        rec(t, CH_IDENTITY, op, res, len);
+    } else {
+        uint32_t n;
+        const unsigned char *p = serve(t, CH_IDENTITY, op, NULL, 0, &n);
+        if (p && n >= len) {
+            int32_t r[2] = {0, 0};
+            memcpy(op == OP_FORK ? &r[1] : r, p, len);
+            if (r[1] > 0 && live > 0) pid_learn(r[1], (pid_t)live);
+            if (rcp) *rcp = r[0];
+            if (op == OP_FORK && r[1] < 0) { errno = -r[1]; return -1; }
+            return r[1];
+        }
+    }
+    if (op == OP_FORK && live < 0) { errno = (int)-live; return -1; }
+    return live;
 }
 
 /* vfork shares the parent's memory, which would let the child overwrite the shim's
@@ -187,9 +216,13 @@ static int spawn_common(int p, pid_t *pid, const char *path, const posix_spawn_f
     child_path(cp, sizeof cp, idx);
     size_t ml = 0;
     char **env = build_env(envp, cp, 0, 0, &ml);
-    int r = p ? real_posix_spawnp(pid, path, fa, at, argv, env ? env : envp)
-              : real_posix_spawn(pid, path, fa, at, argv, env ? env : envp);
+    pid_t live = 0;
+    int r = p ? real_posix_spawnp(&live, path, fa, at, argv, env ? env : envp)
+              : real_posix_spawn(&live, path, fa, at, argv, env ? env : envp);
     if (env) shim_unmap(env, ml);
+    if (reentered()) { if (pid && !r) *pid = live; return r; }
+    pid_t v = (pid_t)child_pid(me(), OP_SPAWN, r ? 0 : live, &r);
+    if (pid && !r) *pid = v;
     return r;
 }
 

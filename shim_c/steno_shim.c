@@ -25,8 +25,8 @@
 #include "clock.c"    /* channel clock */
 #include "entropy.c"  /* channel entropy; fds on /dev/[u]random; open*, fopen* */
 #include "sched.c"    /* channel sched: threads take turns; locks, conditions, semaphores */
-#include "io.c"       /* channel io: read/poll shape of own pipes, waitpid(WNOHANG) */
-#include "identity.c" /* channel identity: pids, hostname, uname */
+#include "identity.c" /* channel identity: pids (and the recorded->live map), hostname, uname */
+#include "io.c"       /* channel io: read/poll shape of own pipes, waitpid(WNOHANG); child waits */
 #include "wait.c"     /* channel wait: sleeps, poll/select/epoll timeouts, deadlines */
 #include "dirents.c"  /* channel dirents: listings, scandir */
 #include "threads.c"  /* pthread_create, thread indices, thread-exit flush */

@@ -50,6 +50,16 @@
 #define OP_GETHOSTNAME 4 /* u32 size | i32 rc | u32 n | bytes[n] */
 #define OP_UNAME 5       /* i32 rc | struct utsname (390 bytes) */
 #define OP_PROCINFO 6    /* i32 pid | i32 ppid: taped once as each process (or image) starts */
+/* pids the program is handed (7..19); replay serves the recorded one and maps it to the
+ * live one for the calls that take a pid back (kill, waitpid, sched_*, setpgid...) */
+#define OP_FORK 7        /* i32 result (child pid, or -errno) of fork/vfork in the parent */
+#define OP_SPAWN 8       /* i32 rc | i32 pid: posix_spawn[p] */
+#define OP_WAIT 9        /* i32 pid | i32 options | i32 result (pid or -errno) | i32 status: blocking wait*/
+#define OP_WAITID 10     /* i32 idtype | i32 id | i32 options | i32 rc | i32 si_pid | i32 si_code | i32 si_status | i32 si_uid */
+#define OP_GETPGID 11    /* i32 pid | i32 result: getpgid, getpgrp (pid 0) */
+#define OP_GETSID 12     /* i32 pid | i32 result */
+#define OP_EXIT 13       /* no payload: the process ends through exit/_exit (record only: a
+                          * process whose tape has none was killed, or outlived the run) */
 
 /* wait ops */
 #define OP_NANOSLEEP 1       /* i64 sec | i64 nsec | i32 rc | i32 0 | i64 rem sec | i64 rem nsec */

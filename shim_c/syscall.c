@@ -11,6 +11,9 @@ EXPORT long syscall(long n, ...) {
         case SYS_getpid: return getpid();
         case SYS_getppid: return getppid();
         case SYS_gettid: return gettid();
+        case SYS_kill: return kill((pid_t)a, (int)b);           /* pids: recorded -> live */
+        case SYS_tgkill: return tgkill((pid_t)a, (pid_t)b, (int)c);
+        case SYS_pidfd_open: return pidfd_open((pid_t)a, (unsigned)b); /* CPython's os.pidfd_open */
         case SYS_getrandom: return getrandom((void *)a, (size_t)b, (unsigned)c);
         case SYS_clock_gettime: return clock_gettime((clockid_t)a, (struct timespec *)b);
         case SYS_gettimeofday: return gettimeofday((struct timeval *)a, (void *)b);

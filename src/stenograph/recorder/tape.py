@@ -46,6 +46,8 @@ OP_NAMES = {
     (2, 4): "syscall-instruction(getrandom)",
     (3, 1): "opendir", (4, 1): "getpid", (4, 2): "getppid", (4, 3): "gettid",
     (4, 4): "gethostname", (4, 5): "uname", (4, 6): "procinfo",
+    (4, 7): "fork", (4, 8): "posix_spawn", (4, 9): "wait", (4, 10): "waitid",
+    (4, 11): "getpgid", (4, 12): "getsid", (4, 13): "exit",
     (5, 1): "nanosleep", (5, 2): "clock_nanosleep",
     (5, 3): "sleep", (5, 4): "usleep", (5, 5): "poll", (5, 6): "select", (5, 7): "epoll_wait",
     (6, 1): "read(pipe)", (6, 2): "poll(pipes)", (6, 3): "waitpid(WNOHANG)",
@@ -102,7 +104,24 @@ def describe(ch: int, op: int, payload: bytes) -> str:
                 k = struct.unpack_from("<I", payload, 8)[0]
                 host = payload[12:12 + k].rstrip(b"\0").decode(errors="replace")
                 return f"{name}() -> {host}"
+            if op == 7:
+                return f"{name}() -> {struct.unpack_from('<i', payload)[0]}"
+            if op == 8:
+                rc, pid = struct.unpack_from("<ii", payload)
+                return f"{name}() -> " + (f"error {rc}" if rc else f"pid {pid}")
+            if op == 9:
+                pid, opts, res, status = struct.unpack_from("<iiii", payload)
+                return f"{name}(pid={pid}, options={opts}) -> {res}, status {status}"
+            if op == 10:
+                idtype, ident, opts, rc, spid, code, status = struct.unpack_from("<7i", payload)
+                return (f"{name}(idtype={idtype}, id={ident}, options={opts}) -> "
+                        + (f"{rc}" if rc else f"pid {spid}, code {code}, status {status}"))
+            if op in (11, 12):
+                pid, res = struct.unpack_from("<ii", payload)
+                return f"{name}({pid}) -> {res}"
             return f"{name}()"
+        if ch == 8:
+            return _describe_meta(name, op, payload)
         if ch == 5:
             return f"{name}({payload[:24].hex()})"
         if ch == 6 and op == 1:
@@ -118,6 +137,26 @@ def describe(ch: int, op: int, payload: bytes) -> str:
     except struct.error:
         pass
     return f"{name}(<{len(payload)} bytes>)"
+
+
+def _describe_meta(name: str, op: int, payload: bytes) -> str:
+    hdr = 16 if op == 2 else 12
+    dirfd, flags = struct.unpack_from("<ii", payload)
+    (pl,) = struct.unpack_from("<I", payload, hdr - 4)
+    path = payload[hdr:hdr + pl].decode(errors="replace")
+    args = (f"fd={dirfd}, " if dirfd != -100 else "") + f"path={path}" + (
+        f", flags={flags}" if flags else "")
+    (rc,) = struct.unpack_from("<i", payload, hdr + pl)
+    if rc:
+        return f"{name}({args}) -> errno {-rc}"
+    st = payload[hdr + pl + 8:]
+    if op == 1:  # struct stat: st_ino @8, st_size @48, st_mtim @88
+        ino, size = struct.unpack_from("<Q", st, 8)[0], struct.unpack_from("<q", st, 48)[0]
+        sec, nsec = struct.unpack_from("<qq", st, 88)
+    else:  # struct statx: stx_ino @32, stx_size @40, stx_mtime @112
+        ino, size = struct.unpack_from("<QQ", st, 32)
+        sec, nsec = struct.unpack_from("<qI", st, 112)
+    return f"{name}({args}) -> ino {ino}, size {size}, mtime {sec}.{nsec:09d}"
 
 
 # ----------------------------------------------------------------------------- record
@@ -202,6 +241,7 @@ def prepare_tape(events: Iterable[Event], tape_dir: str | Path) -> TapeSummary:
     root = Path(tape_dir)
     root.mkdir(parents=True, exist_ok=True)
     streams: dict[tuple[str, int, int], list[bytes]] = {}
+    exited: set[str] = set()
     summary = TapeSummary()
     for ev in events:
         if ev.kind != "TapeChunk":
@@ -213,9 +253,11 @@ def prepare_tape(events: Iterable[Event], tape_dir: str | Path) -> TapeSummary:
         check_proc(proc)  # type: ignore[arg-type]
         off = 0
         try:
-            for ch, _op, payload in iter_records(data):
+            for ch, op, payload in iter_records(data):
                 if ch not in CHANNELS:
                     raise ValueError(f"unknown channel {ch}")
+                if (ch, op) == (4, 13):  # the process ended through exit: TAPE/<proc>/exited
+                    exited.add(proc)  # type: ignore[arg-type]
                 n = RECORD.size + len(payload)
                 streams.setdefault((proc, thread, ch), []).append(data[off:off + n])  # type: ignore[arg-type]
                 off += n
@@ -228,6 +270,9 @@ def prepare_tape(events: Iterable[Event], tape_dir: str | Path) -> TapeSummary:
         d.mkdir(exist_ok=True)
         (d / stream_name(thread, ch)).write_bytes(b"".join(parts))
         procs.add(proc)
+    for proc in exited:
+        (root / proc).mkdir(exist_ok=True)
+        (root / proc / "exited").touch()
     summary.streams = len(streams)
     summary.procs = sorted(procs, key=lambda p: [int(x) for x in p.split(".")])
     return summary
