@@ -312,6 +312,17 @@ static char *describe(char *p, char *end, int ch, int op, const unsigned char *a
             p = i_put(p, end, i1);
         }
         break;
+    case CH_META: { /* dirfd | flags | [mask] | pathlen | path */
+        uint32_t hdr = op == OP_STATX ? 16 : 12, pl = 0;
+        if (n < hdr) break;
+        memcpy(&pl, a + hdr - 4, 4);
+        if (i1 != AT_FDCWD) { p = s_put(p, end, "fd="); p = i_put(p, end, i1); p = s_put(p, end, ", "); }
+        p = s_put(p, end, "path=");
+        for (uint32_t i = 0; i < pl && hdr + i < n && p < end; i++)
+            *p++ = (a[hdr + i] == '\t' || a[hdr + i] == '\n') ? ' ' : (char)a[hdr + i];
+        if (i2) { p = s_put(p, end, ", flags="); p = i_put(p, end, i2); }
+        break;
+    }
     case CH_IO:
         if (op == OP_IO_READ) { p = s_put(p, end, "size="); p = u_put(p, end, (uint32_t)i1); }
         if (op == OP_IO_POLL && n >= 8) {

@@ -29,6 +29,7 @@
 #include "io.c"       /* channel io: read/poll shape of own pipes, waitpid(WNOHANG); child waits */
 #include "wait.c"     /* channel wait: sleeps, poll/select/epoll timeouts, deadlines */
 #include "dirents.c"  /* channel dirents: listings, scandir */
+#include "meta.c"     /* channel meta: the stat family */
 #include "threads.c"  /* pthread_create, thread indices, thread-exit flush */
 #include "seccomp.c"  /* BPF filter: raw getrandom trap, replay network refusal */
 #include "init.c"     /* constructor / destructor, environment, final flush */

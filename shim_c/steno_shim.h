@@ -24,7 +24,8 @@
 #define CH_WAIT 5
 #define CH_IO 6
 #define CH_SCHED 7
-#define NCH 8
+#define CH_META 8
+#define NCH 9
 
 /* clock ops: payload  i32 arg | i32 rc | i64 a | i64 b   (args prefix: 4 bytes) */
 #define OP_CLOCK_GETTIME 1 /* arg clock id, a/b = sec/nsec */
@@ -89,6 +90,11 @@
 #define OP_SCHED_YIELD 8  /* sched_yield */
 #define OP_SCHED_FUTEX 9  /* futex(FUTEX_WAIT*) through syscall(): its result */
 #define OP_SCHED_CHILD 10 /* after a blocking wait for a child process */
+
+/* meta ops: file metadata (the stat family). The arguments are checked; replay serves the
+ * whole recorded result and reports a live one whose existence, type or size differs as drift */
+#define OP_FSTATAT 1 /* i32 dirfd | i32 flags | u32 pathlen | path | i32 rc | u32 0 | struct stat (144) */
+#define OP_STATX 2   /* i32 dirfd | i32 flags | u32 mask | u32 pathlen | path | i32 rc | u32 0 | struct statx (256) */
 
 #define DIVERGENCE_EXIT 86
 

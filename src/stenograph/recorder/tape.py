@@ -33,7 +33,7 @@ MSG_DATA, MSG_BARRIER, MSG_EXIT = 1, 2, 3
 HEADER = struct.Struct("<4sHHIH")
 RECORD = struct.Struct("<BBHI")
 CHANNELS = {1: "clock", 2: "entropy", 3: "dirents", 4: "identity", 5: "wait", 6: "io",
-            7: "sched"}
+            7: "sched", 8: "meta"}
 CHANNEL_IDS = {v: k for k, v in CHANNELS.items()}
 DIVERGENCE_EXIT = 86
 MAX_MESSAGE = 8 << 20
@@ -55,6 +55,7 @@ OP_NAMES = {
     (7, 4): "semaphore wait", (7, 5): "after sleep", (7, 6): "after I/O wait",
     (7, 7): "after pthread_join", (7, 8): "sched_yield", (7, 9): "futex wait",
     (7, 10): "after waiting for a child",
+    (8, 1): "fstatat", (8, 2): "statx",
 }
 
 
