@@ -1,14 +1,18 @@
 """Shim overhead: ns per call natively, recorded, replayed and under libfaketime.
 
 Micro: a small C program (built here with the system compiler) times N calls of
-``clock_gettime``, ``getrandom(16)`` and ``readdir`` with a *raw* clock syscall, so
-the measurement itself is never served from the tape. Macro: the wall time of a Python
+``clock_gettime``, ``getrandom(16)``, ``readdir`` and ``stat`` (meta channel) with a
+*raw* clock syscall, so the measurement itself is never served from the tape (replay
+with the live drift check and, for stat, without it: ``STENO_DRIFT=0``). Start-up: the
+wall time of ``python -c pass`` and ``python -c "import json, asyncio, email"`` native,
+recorded and replayed (and recorded with another build of the library given as
+``--before PATH``, e.g. one without the meta channel). Macro: the wall time of a Python
 workload (imports, 10k clock reads, 1k listings, a few subprocesses) run natively,
 recorded and replayed through the library (no CLI start-up in the figures); its native
 baseline goes through the same launcher without the shim (``native_subprocess_s`` is a
 plain ``subprocess.run`` for comparison).
 
-    python bench/shim.py [--json] [-n CALLS]
+    python bench/shim.py [--json] [-n CALLS] [--before OLD_SHIM.so]
 
 Targets (issue 3): record <= 1.5x native per clock call and below libfaketime; replay
 <= native; whole recorded run <= 1.10x native.
@@ -40,6 +44,7 @@ MICRO_C = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <sys/syscall.h>
@@ -56,6 +61,10 @@ int main(int argc, char **argv) {
     long long t0 = raw_now();
     if (!strcmp(argv[1], "clock")) {
         for (long i = 0; i < n; i++) { clock_gettime(CLOCK_MONOTONIC, &ts); sink += ts.tv_nsec; }
+        calls = n;
+    } else if (!strcmp(argv[1], "stat")) {
+        struct stat st;
+        for (long i = 0; i < n; i++) { stat(argv[3], &st); sink += st.st_mtim.tv_nsec; }
         calls = n;
     } else if (!strcmp(argv[1], "getrandom")) {
         for (long i = 0; i < n; i++) { getrandom(buf, 16, 0); sink += buf[0]; }
@@ -98,19 +107,19 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _shim_env(mode: str, **kw: str) -> dict[str, str]:
-    so = shim_path()
+def _shim_env(mode: str, so: str | None = None, **kw: str) -> dict[str, str]:
+    so = so or shim_path()
     return _env({"LD_PRELOAD": so, "STENO_MODE": mode, "STENO_PROC": "0", "STENO_SHIM": so,
                  **kw})
 
 
-def _record(argv: list[str], work: Path) -> tuple[float, Path, bytes]:
+def _record(argv: list[str], work: Path, so: str | None = None) -> tuple[float, Path, bytes]:
     """Run argv recorded; return wall seconds, the prepared replay tape, stdout."""
     store_dir = work / f"store{time.monotonic_ns()}"
     with Store(store_dir) as store:
         sess = RecordSession(store, "bench", work / "s.sock")
         t0 = time.perf_counter()
-        res = run_under_shim(argv, _shim_env("record", STENO_SOCK=sess.sock_path),
+        res = run_under_shim(argv, _shim_env("record", so, STENO_SOCK=sess.sock_path),
                              passthrough=False, capture=True)
         wall = time.perf_counter() - t0
         sess.close()
@@ -121,10 +130,10 @@ def _record(argv: list[str], work: Path) -> tuple[float, Path, bytes]:
     return wall, tape, res.stdout or b""
 
 
-def _replay(argv: list[str], tape: Path) -> tuple[float, bytes]:
+def _replay(argv: list[str], tape: Path, **kw: str) -> tuple[float, bytes]:
     t0 = time.perf_counter()
-    res = run_under_shim(argv, _shim_env("replay", STENO_TAPE=str(tape)), passthrough=False,
-                         capture=True)
+    res = run_under_shim(argv, _shim_env("replay", STENO_TAPE=str(tape), **kw),
+                         passthrough=False, capture=True)
     wall = time.perf_counter() - t0
     if (tape / "divergence").exists():
         print("warning: replay diverged:", (tape / "divergence").read_text()[:300],
@@ -157,12 +166,15 @@ def micro(work: Path, n: int) -> dict[str, dict[str, float | None]]:
     for i in range(100):
         (listing / f"entry-{i:04d}").touch()
     out: dict[str, dict[str, float | None]] = {}
-    for what, calls in (("clock", n), ("getrandom", n // 4), ("readdir", max(1, n // 400))):
-        argv = [str(exe), what, str(calls), str(listing)]
+    target = listing / "entry-0000"
+    for what, calls in (("clock", n), ("getrandom", n // 4), ("readdir", max(1, n // 400)),
+                        ("stat", n // 8)):
+        argv = [str(exe), what, str(calls), str(target if what == "stat" else listing)]
         native = float(_native(argv)[1])
         _, tape, rec_out = _record(argv, work)
         recorded = float(rec_out)
         replayed = float(_replay(argv, tape)[1])
+        nodrift = float(_replay(argv, tape, STENO_DRIFT="0")[1]) if what == "stat" else None
         faked = None
         if os.path.exists(FAKETIME):
             faked = float(_native(argv, {"LD_PRELOAD": FAKETIME, "FAKETIME": "+0",
@@ -171,6 +183,37 @@ def micro(work: Path, n: int) -> dict[str, dict[str, float | None]]:
                      "libfaketime_ns": faked,
                      "record_x": round(recorded / native, 3),
                      "replay_x": round(replayed / native, 3)}
+        if nodrift is not None:
+            out[what]["replay_nodrift_ns"] = nodrift
+            out[what]["replay_nodrift_x"] = round(nodrift / native, 3)
+    return out
+
+
+STARTUPS = {"pass": ["-c", "pass"], "imports": ["-c", "import json, asyncio, email"]}
+
+
+def startup(work: Path, repeat: int, before: str | None) -> dict[str, dict[str, float]]:
+    """Python start-up, native (same launcher, no shim) vs recorded vs replayed; with
+    ``before``, also recorded with that build of the library."""
+    out: dict[str, dict[str, float]] = {}
+    for name, args in STARTUPS.items():
+        argv = [python_executable(), *args]
+        nat, rec, rep, old = [], [], [], []
+        for _ in range(repeat):
+            nat.append(_native_launched(argv))
+            wall, tape, _ = _record(argv, work)
+            rec.append(wall)
+            rep.append(_replay(argv, tape)[0])
+            if before:
+                old.append(_record(argv, work, before)[0])
+        n = min(nat)
+        fig = {"native_s": round(n, 4), "record_s": round(min(rec), 4),
+               "replay_s": round(min(rep), 4), "record_x": round(min(rec) / n, 3),
+               "replay_x": round(min(rep) / n, 3)}
+        if old:
+            fig["record_before_s"] = round(min(old), 4)
+            fig["record_before_x"] = round(min(old) / n, 3)
+        out[name] = fig
     return out
 
 
@@ -196,10 +239,15 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-n", type=int, default=400_000, help="clock calls in the micro loop")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--before", help="another build of the shim to record start-ups with")
+    ap.add_argument("--only", choices=["micro", "startup", "workload"], action="append")
     a = ap.parse_args()
+    parts = set(a.only or ["micro", "startup", "workload"])
     work = Path(tempfile.mkdtemp(prefix="steno-bench-"))
     try:
-        result = {"micro": micro(work, a.n), "workload": macro(work, a.repeat)}
+        result = {"micro": micro(work, a.n) if "micro" in parts else {},
+                  "startup": startup(work, a.repeat, a.before) if "startup" in parts else {},
+                  "workload": macro(work, a.repeat) if "workload" in parts else {}}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if a.json:
@@ -209,8 +257,17 @@ def main() -> int:
         ft = fig["libfaketime_ns"]
         print(f"{what:10s} native {fig['native_ns']:8.1f} ns  record {fig['record_ns']:8.1f} ns "
               f"({fig['record_x']}x)  replay {fig['replay_ns']:8.1f} ns ({fig['replay_x']}x)  "
-              f"libfaketime {'-' if ft is None else f'{ft:.1f} ns'}")
+              f"libfaketime {'-' if ft is None else f'{ft:.1f} ns'}"
+              + (f"  replay STENO_DRIFT=0 {fig['replay_nodrift_ns']:8.1f} ns "
+                 f"({fig['replay_nodrift_x']}x)" if "replay_nodrift_ns" in fig else ""))
+    for name, fig in result["startup"].items():
+        before = (f"  [before: record {fig['record_before_s']} s ({fig['record_before_x']}x)]"
+                  if "record_before_s" in fig else "")
+        print(f"start-up {name:8s} native {fig['native_s']} s  record {fig['record_s']} s "
+              f"({fig['record_x']}x)  replay {fig['replay_s']} s ({fig['replay_x']}x){before}")
     w = result["workload"]
+    if not w:
+        return 0
     print(f"workload   native {w['native_s']} s  record {w['record_s']} s ({w['record_x']}x)  "
           f"replay {w['replay_s']} s ({w['replay_x']}x)  [plain subprocess.run: "
           f"{w['native_subprocess_s']} s, record {w['record_vs_subprocess_x']}x of it]")
