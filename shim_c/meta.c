@@ -7,7 +7,8 @@
  * file the program writes as it goes) differs between two runs, and programs print it,
  * compare it (find -newer, make, importlib's directory cache keyed by the directory's
  * mtime) and branch on it. Record tapes the arguments and the whole result; replay checks
- * the arguments (another path, fd or flags: a divergence, as serve() reports any) and
+ * the arguments (another path or flags: a divergence, reported as serve() reports any; the
+ * process goes on with live metadata, see t_soft in core.c) and
  * serves the whole recorded result -- struct and errno -- not a mix of recorded stamps
  * and live fields: the log is the truth, and a mix could show a size with another run's
  * mtime. To see the world change under the recording, replay also stats live (unless
@@ -17,12 +18,15 @@
 
 #define META_PATHMAX 4096
 
-typedef struct { int32_t dirfd, flags; uint32_t pathlen; } statargs_t;        /* then path */
-typedef struct { int32_t dirfd, flags; uint32_t mask, pathlen; } statxargs_t; /* then path */
-typedef struct { int32_t rc, zero; } metares_t; /* then the struct (absent when rc < 0) */
-_Static_assert(sizeof(statargs_t) == 12, "OP_FSTATAT args: i32 dirfd | i32 flags | u32 pathlen");
-_Static_assert(sizeof(statxargs_t) == 16, "OP_STATX args: i32 dirfd | i32 flags | u32 mask | u32 pathlen");
-_Static_assert(sizeof(metares_t) == 8, "meta result: i32 rc | u32 0");
+/* The checked arguments: `dir` is AT_FDCWD or -1 (an fd: its number is not checked, as
+ * fds the Python hooks' real connections held at record are not open at replay, so later
+ * numbers can differ; it follows the path, unchecked) */
+typedef struct { int32_t dir, flags; uint32_t pathlen; } statargs_t;        /* then path */
+typedef struct { int32_t dir, flags; uint32_t mask, pathlen; } statxargs_t; /* then path */
+typedef struct { int32_t fd, rc; } metares_t; /* then the struct (absent when rc < 0) */
+_Static_assert(sizeof(statargs_t) == 12, "OP_FSTATAT args: i32 dir | i32 flags | u32 pathlen");
+_Static_assert(sizeof(statxargs_t) == 16, "OP_STATX args: i32 dir | i32 flags | u32 mask | u32 pathlen");
+_Static_assert(sizeof(metares_t) == 8, "meta result: i32 fd | i32 rc");
 _Static_assert(sizeof(struct stat) == 144, "OP_FSTATAT result: struct stat (144 bytes)");
 _Static_assert(sizeof(struct stat64) == sizeof(struct stat), "stat64 is stat on x86_64");
 _Static_assert(sizeof(struct statx) == 256, "OP_STATX result: struct statx (256 bytes)");
@@ -79,6 +83,55 @@ static void meta_check(tls_t *t, int op, const unsigned char *a, uint32_t argn, 
     else if (rt == S_IFREG && rs != ls) meta_drift(t, op, a, argn, "size", (long)rs, (long)ls);
 }
 
+/* Replay of an edited program (`stenograph replay FILE -- CMD` with another command: the
+ * CLI sets STENO_EDITED=1, kept with the other STENO_* settings in g_extra): it stats its
+ * own script, not the recorded one. A stat whose op, fd-or-cwd, flags (and mask) are the
+ * recorded ones but whose path differs then takes its record's place, is made live and is
+ * reported as drift; the divergence that matters surfaces later (a model call). Without
+ * it, another path is a divergence like any other argument. */
+static int g_edited = -1;
+
+static int edited(void) {
+    if (g_edited < 0) {
+        g_edited = 0;
+        for (size_t at = 0; at < g_extra_len; at += s_len(g_extra + at) + 1)
+            if (starts(g_extra + at, "STENO_EDITED=1")) g_edited = 1;
+    }
+    return g_edited;
+}
+
+/* Edited replay: the next record is this call with another path. Consumed; 1. */
+static int meta_other_path(tls_t *t, int op, const unsigned char *a, uint32_t hdr, uint32_t argn) {
+    stream_t *s = &t->st[CH_META];
+    int took = 0;
+    inshim_enter();
+    if (!s->mapped) map_stream(t, CH_META);
+    if (s->base && s->off + 8 + hdr <= s->size) {
+        const unsigned char *rh = s->base + s->off;
+        uint32_t n;
+        memcpy(&n, rh + 4, 4);
+        if (rh[0] == CH_META && rh[1] == op && n >= hdr && s->off + 8 + n <= s->size &&
+            memcmp(rh + 8, a, hdr - 4) == 0 && (n < argn || memcmp(rh + 8, a, argn) != 0)) {
+            char line[1400];
+            char *p = line, *end = line + sizeof line - 2;
+            p = s_put(p, end, "drift\tproc="); p = s_put(p, end, g_proc);
+            p = s_put(p, end, "\tthread="); p = u_put(p, end, t->tindex);
+            p = s_put(p, end, "\tchannel=meta\tpos="); p = u_put(p, end, s->pos);
+            uint32_t rl;
+            memcpy(&rl, rh + 8 + hdr - 4, 4);
+            p = s_put(p, end, "\trecorded="); p = describe(p, end, CH_META, op, rh + 8, hdr + rl);
+            p = s_put(p, end, "\tasked="); p = describe(p, end, CH_META, op, a, argn);
+            p = s_put(p, end, ": another path (edited program), made live\n");
+            if (g_reports++ < 500) append_report(line, (size_t)(p - line));
+            s->off += 8 + n;
+            s->pos++;
+            took = 1;
+        }
+    }
+    inshim_leave();
+    return took;
+}
+
 static int meta_call(int op, int dirfd, const char *path, void *buf, int flags, unsigned mask) {
     /* addresses below 4096 (NULL): let the kernel answer EFAULT, untaped (the prototypes are
      * nonnull, so a plain NULL test could be compiled away) */
@@ -90,11 +143,12 @@ static int meta_call(int op, int dirfd, const char *path, void *buf, int flags, 
     uint32_t pl = 0;
     while (pl < META_PATHMAX && path[pl]) pl++;
     uint32_t hdr;
+    int32_t dir = dirfd == AT_FDCWD ? AT_FDCWD : -1;
     if (op == OP_STATX) {
-        statxargs_t h = {dirfd, flags, mask, pl};
+        statxargs_t h = {dir, flags, mask, pl};
         memcpy(a, &h, hdr = sizeof h);
     } else {
-        statargs_t h = {dirfd, flags, pl};
+        statargs_t h = {dir, flags, pl};
         memcpy(a, &h, hdr = sizeof h);
     }
     memcpy(a + hdr, path, pl);
@@ -102,15 +156,19 @@ static int meta_call(int op, int dirfd, const char *path, void *buf, int flags, 
     if (g_mode == MODE_RECORD) {
         long r = meta_live(op, dirfd, path, buf, flags, mask);
         unsigned char out[sizeof(metares_t) + sizeof(struct statx)];
-        metares_t m = {is_err(r) ? (int32_t)r : 0, 0};
+        metares_t m = {dirfd, is_err(r) ? (int32_t)r : 0};
         memcpy(out, &m, sizeof m);
         uint32_t on = sizeof m;
         if (!m.rc) { memcpy(out + on, buf, sz); on += sz; }
         rec2(t, CH_META, op, a, argn, out, on);
         return (int)sys_ret_l(is_err(r) ? r : 0);
     }
+    if (UNLIKELY(g_offtape) || (UNLIKELY(edited()) && meta_other_path(t, op, a, hdr, argn)))
+        return (int)sys_ret_l(meta_live(op, dirfd, path, buf, flags, mask));
     uint32_t n;
+    t_soft = 1; /* a divergence here is reported; the process goes on, metadata live */
     const unsigned char *p = serve(t, CH_META, op, a, argn, &n);
+    t_soft = 0;
     if (!p || n < argn + sizeof(metares_t))
         return (int)sys_ret_l(meta_live(op, dirfd, path, buf, flags, mask));
     metares_t m;

@@ -93,8 +93,8 @@
 
 /* meta ops: file metadata (the stat family). The arguments are checked; replay serves the
  * whole recorded result and reports a live one whose existence, type or size differs as drift */
-#define OP_FSTATAT 1 /* i32 dirfd | i32 flags | u32 pathlen | path | i32 rc | u32 0 | struct stat (144) */
-#define OP_STATX 2   /* i32 dirfd | i32 flags | u32 mask | u32 pathlen | path | i32 rc | u32 0 | struct statx (256) */
+#define OP_FSTATAT 1 /* i32 dir | i32 flags | u32 pathlen | path | i32 fd | i32 rc | struct stat (144) */
+#define OP_STATX 2   /* i32 dir | i32 flags | u32 mask | u32 pathlen | path | i32 fd | i32 rc | struct statx (256) */
 
 #define DIVERGENCE_EXIT 86
 

@@ -230,6 +230,8 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool,
             raise CorruptLog("RunStarted has no environment map", file, 0)
         env = replay_env({str(k): str(v) for k, v in rec_env.items()}, dict(os.environ))
         extra = {"STENO_TAPE": str(tape)}
+        if argv != [str(a) for a in started["argv"]]:
+            extra["STENO_EDITED"] = "1"  # another command: its own paths are not divergences
         if lenient:
             extra["STENO_LENIENT"] = "1"
         if not allow_network:

@@ -142,12 +142,12 @@ def describe(ch: int, op: int, payload: bytes) -> str:
 
 def _describe_meta(name: str, op: int, payload: bytes) -> str:
     hdr = 16 if op == 2 else 12
-    dirfd, flags = struct.unpack_from("<ii", payload)
+    cwd, flags = struct.unpack_from("<ii", payload)
     (pl,) = struct.unpack_from("<I", payload, hdr - 4)
     path = payload[hdr:hdr + pl].decode(errors="replace")
-    args = (f"fd={dirfd}, " if dirfd != -100 else "") + f"path={path}" + (
+    fd, rc = struct.unpack_from("<ii", payload, hdr + pl)
+    args = (f"fd={fd}, " if cwd != -100 else "") + f"path={path}" + (
         f", flags={flags}" if flags else "")
-    (rc,) = struct.unpack_from("<i", payload, hdr + pl)
     if rc:
         return f"{name}({args}) -> errno {-rc}"
     st = payload[hdr + pl + 8:]
