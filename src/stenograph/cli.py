@@ -1,8 +1,8 @@
 """The ``stenograph`` command.
 
 Every failure the user can cause prints one line,
-``stenograph: error: <what> (<where>)``, and exits with the code DESIGN.md
-assigns: 0 ok, 1 replay diverged, 2 usage or unreadable input, 3 corrupt log,
+``stenograph: error: <what> (<where>)``, and exits with its documented code:
+0 ok, 1 replay diverged, 2 usage or unreadable input, 3 corrupt log,
 4 an in-doubt action needs a person.
 """
 

@@ -1,6 +1,6 @@
 """The one exception hierarchy, re-exported for users.
 
-It lives in ``recorder`` because the dependency direction of DESIGN.md makes the
+It lives in ``recorder`` because the dependency direction (docs/architecture.md) makes the
 recorder the bottom layer; everything above may import it.
 """
 

@@ -1,4 +1,4 @@
-"""Errors, each carrying the CLI exit code that DESIGN.md assigns to it.
+"""Errors, each carrying the CLI exit code documented for it (README, docs/architecture.md).
 
 The CLI prints ``stenograph: error: <what> (<where>)`` and exits with
 ``exit_code``; a traceback is reserved for bugs, never for bad input.
