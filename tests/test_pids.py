@@ -190,3 +190,25 @@ def test_killed_child_whose_replay_runs_further_waits_for_the_signal(tmp_path: P
     out = _replays_identically(tmp_path, [PY, str(prog)])
     assert out == b"-15\n"
     assert time.monotonic() - t0 < 30
+
+
+def test_paused_calls_see_the_recorded_pids(tmp_path: Path) -> None:
+    """While the tape is paused (what the Python hooks do around a real call) nothing is
+    taped, yet the program's pids keep their recorded numbering both ways: a recorded pid
+    passed in reaches the live process, a live pid coming back is the recorded one."""
+    prog = tmp_path / "paused.py"
+    prog.write_text("import ctypes, os, signal, time\n"
+                    "lib = ctypes.CDLL(None)\n"
+                    "pid = os.fork()\n"
+                    "if pid == 0:\n"
+                    "    time.sleep(5)\n"
+                    "    os._exit(0)\n"
+                    "lib.steno_pause()\n"
+                    "os.kill(pid, 0)\n"
+                    "me = os.getpid()\n"
+                    "os.kill(pid, signal.SIGKILL)\n"
+                    "got, status = os.waitpid(pid, 0)\n"
+                    "lib.steno_resume()\n"
+                    "print(pid, got == pid, me == os.getpid(), os.WTERMSIG(status), flush=True)\n")
+    out = _replays_identically(tmp_path, [PY, str(prog)])
+    assert out.split()[1:] == [b"True", b"True", b"9"], out
