@@ -8,7 +8,7 @@ _Static_assert(sizeof(clockrec_t) == 24, "clock payload: i32 arg | i32 rc | i64 
  * yet, buffer full, past the exit flush) takes the general path. */
 static inline void rec_clock(tls_t *t, int op, const clockrec_t *r) {
     tbuf_t *b = t->tb;
-    if (LIKELY(b != NULL) && LIKELY(!g_final)) {
+    if (LIKELY(b != NULL) && LIKELY(!g_final) && LIKELY(!t->sigpend_n)) {
         spin_lock(&b->lock);
         if (LIKELY(b->len + 8 + sizeof *r <= BUFCAP)) {
             unsigned char *w = b->data + b->len;
@@ -18,6 +18,8 @@ static inline void rec_clock(tls_t *t, int op, const clockrec_t *r) {
             memcpy(w + 8, r, sizeof *r);
             b->len += 8 + sizeof *r;
             spin_unlock(&b->lock);
+            t->nrec++; /* as rec2 counts (signals.c) */
+            t->sigk = 0;
             return;
         }
         spin_unlock(&b->lock);

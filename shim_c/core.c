@@ -186,6 +186,11 @@ static tbuf_t *claim_buf(uint32_t tindex) {
 /* Append one record to this thread's buffer: u8 channel | u8 op | u16 flags | u32 len. */
 static void rec2(tls_t *t, int ch, int op, const void *p1, uint32_t n1, const void *p2,
                  uint32_t n2) {
+    if (ch != CH_SIGNAL) {
+        t->nrec++;
+        t->sigk = 0;
+        if (UNLIKELY(t->sigpend_n)) sig_flush_pending(t);
+    }
     tbuf_t *b = t->tb;
     if (UNLIKELY(!b)) {
         inshim_enter();
@@ -408,6 +413,7 @@ static __thread int t_soft __attribute__((tls_model("initial-exec")));
  * it is so a later call may line up again). *plen receives the payload length. */
 static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, uint32_t argn,
                                   uint32_t *plen) {
+    if (UNLIKELY(g_sigtape) && ch != CH_SIGNAL) sig_at_serve(t); /* handlers due here */
     stream_t *s = &t->st[ch];
     inshim_enter();
     if (UNLIKELY(!s->mapped)) map_stream(t, ch);
@@ -420,6 +426,7 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
                    memcmp(rh + 8, args, argn) == 0)) {
             s->off += 8 + n;
             s->pos++;
+            if (ch != CH_SIGNAL) t->sigk = 0;
             *plen = n;
             inshim_leave();
             return rh + 8;

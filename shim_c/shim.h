@@ -30,6 +30,7 @@
 #include <sys/prctl.h>
 #include <sys/mman.h>
 #include <sys/select.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <sys/resource.h>
@@ -118,7 +119,7 @@ static char g_extra[8192];
 static size_t g_extra_len; /* compared against nonnull-declared arguments */
 
 static const char *const CH_NAMES[NCH] = {"?", "clock", "entropy", "dirents", "identity", "wait",
-                                          "io", "sched", "meta"};
+                                          "io", "sched", "meta", "signal"};
 
 /* ------------------------------------------------------------------ wrapped symbols */
 
@@ -166,7 +167,17 @@ typedef struct {
     tbuf_t *tb;
     stream_t st[NCH];
     unsigned char *spare[2]; /* listing blocks kept for reuse: no mmap/munmap/faults per listing */
+    uint32_t nrec;     /* record: records written on streams other than signal (signals.c) */
+    uint32_t sigk;     /* signal-mask calls since this thread's last record (signals.c) */
+    int in_sigpoint;   /* replay: running handlers at a point (signals.c) */
+    int sigpend_n;     /* record: handler runs that interrupted the shim, taped at the next record */
+    struct { uint32_t pos, k; int32_t sig; uint32_t flags; unsigned char info[128]; } sigpend[4];
 } tls_t;
+
+/* signals.c: handlers run at recorded points; core.c calls these */
+static int g_sigtape; /* replay: the program installed a handler the shim is in front of */
+static void sig_at_serve(tls_t *t);
+static void sig_flush_pending(tls_t *t);
 
 static __thread tls_t T __attribute__((tls_model("initial-exec")));
 

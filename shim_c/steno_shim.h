@@ -25,7 +25,8 @@
 #define CH_IO 6
 #define CH_SCHED 7
 #define CH_META 8
-#define NCH 9
+#define CH_SIGNAL 9
+#define NCH 10
 
 /* clock ops: payload  i32 arg | i32 rc | i64 a | i64 b   (args prefix: 4 bytes) */
 #define OP_CLOCK_GETTIME 1 /* arg clock id, a/b = sec/nsec */
@@ -95,6 +96,10 @@
  * whole recorded result and reports a live one whose existence, type or size differs as drift */
 #define OP_FSTATAT 1 /* i32 dir | i32 flags | u32 pathlen | path | i32 fd | i32 rc | struct stat (144) */
 #define OP_STATX 2   /* i32 dir | i32 flags | u32 mask | u32 pathlen | path | i32 fd | i32 rc | struct statx (256) */
+
+/* signal ops: where an asynchronous signal's handler ran (signals.c) */
+#define OP_SIG_RUN 1 /* u32 pos (records so far on the thread's other streams) | u32 k (mask
+                      * calls since) | i32 sig | u32 flags (1 = ran untaped) | siginfo (128) */
 
 #define DIVERGENCE_EXIT 86
 

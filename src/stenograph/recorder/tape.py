@@ -33,7 +33,7 @@ MSG_DATA, MSG_BARRIER, MSG_EXIT = 1, 2, 3
 HEADER = struct.Struct("<4sHHIH")
 RECORD = struct.Struct("<BBHI")
 CHANNELS = {1: "clock", 2: "entropy", 3: "dirents", 4: "identity", 5: "wait", 6: "io",
-            7: "sched", 8: "meta"}
+            7: "sched", 8: "meta", 9: "signal"}
 CHANNEL_IDS = {v: k for k, v in CHANNELS.items()}
 DIVERGENCE_EXIT = 86
 MAX_MESSAGE = 8 << 20
@@ -56,6 +56,7 @@ OP_NAMES = {
     (7, 7): "after pthread_join", (7, 8): "sched_yield", (7, 9): "futex wait",
     (7, 10): "after waiting for a child",
     (8, 1): "fstatat", (8, 2): "statx",
+    (9, 1): "signal handler",
 }
 
 
@@ -131,6 +132,11 @@ def describe(ch: int, op: int, payload: bytes) -> str:
         if ch == 7:
             grant, result = struct.unpack_from("<Ii", payload)
             return f"{name} -> turn {grant}" + (f", outcome {result}" if result else "")
+        if ch == 9 and op == 1:
+            pos, k, sig, flags = struct.unpack_from("<IIiI", payload)
+            return (f"{name}(signal {sig}) at record {pos}"
+                    + (f" after {k} mask calls" if k else "")
+                    + (" (untaped)" if flags & 1 else ""))
         if ch == 6 and op == 2:
             timeout, nfds = struct.unpack_from("<iI", payload)
             (res,) = struct.unpack_from("<i", payload, 8 + 2 * nfds)

@@ -1,0 +1,411 @@
+/* Channel signal: asynchronous signal handlers run where the recording ran them.
+ *
+ * When an asynchronous signal's handler runs is timing: bash reaps its children from
+ * its SIGCHLD handler (waitchld -> waitpid(-1, WNOHANG)), so the handler's taped waits
+ * land between the command substitution's pipe reads wherever the child happened to
+ * exit; a Python SIGALRM handler prints wherever the timer fired. In the spirit of rr,
+ * the shim puts its own handler in front of the program's (signal, sigaction,
+ * bsd_signal, sysv_signal) for every asynchronous signal:
+ *
+ *  - record: the front handler runs the program's handler at once, as the kernel
+ *    delivered it, and tapes where: the thread's count of records so far on its other
+ *    streams (`pos`), how many signal-mask calls it made since its last record (`k`:
+ *    bash blocks SIGCHLD around its blocking waits and the pending signal is delivered
+ *    as sigprocmask unblocks it), the signal, and its siginfo.
+ *  - replay: the live signal is swallowed (the front handler is installed with
+ *    SA_RESTART, so it interrupts nothing the program sees); the program's handler runs
+ *    when the thread reaches the recorded point: at the entry of the call whose record
+ *    is next (before it is served: the handler's own taped calls were recorded before
+ *    it), or as a mask call unblocks the signal, with the recorded siginfo, the handler's
+ *    mask applied. A signal the thread sends itself (raise, tgkill) is run as it
+ *    arrives when the tape has it at this point. The interrupted call's result
+ *    (EINTR or the restarted outcome) is on the tape with the call.
+ *
+ * Coalesced signals (two children, one SIGCHLD) are replayed as recorded: one run.
+ * A handler that ran while its thread was paused or inside the shim made its calls live
+ * and untaped: replay runs it with the tape paused too. A handler runs on the thread it
+ * interrupted; a thread that did not hold the scheduler's baton runs it off the
+ * schedule in both modes. A recorded run the replay passes without running (the
+ * thread reached the next record without the point being reachable: the signal was
+ * blocked) is a divergence; sigsuspend/pause at replay return once the recorded
+ * handler ran, and must find one there. sigwait*, signalfd: their results are not
+ * taped; replay reports them (`unsupported`). Synchronous signals (SIGSEGV, SIGBUS,
+ * SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS, SIGPIPE) pass through untouched. */
+
+typedef struct {
+    void *fn;
+    int flags;
+    int on;   /* the front handler is installed: fn is the program's disposition */
+    int ever; /* the program had a handler for it: replay keeps the front one in place */
+    sigset_t mask;
+} sigent_t;
+
+static sigent_t g_sig[65];
+
+typedef struct {
+    uint32_t pos, k;
+    int32_t sig;
+    uint32_t flags; /* 1: ran while its thread was paused or inside the shim (untaped) */
+    unsigned char info[128];
+} sigrec_t;
+_Static_assert(sizeof(sigrec_t) == 144, "OP_SIG_RUN payload: u32 pos | u32 k | i32 sig | u32 flags | siginfo (128)");
+_Static_assert(sizeof(siginfo_t) == 128, "siginfo_t is 128 bytes");
+
+#define SIGF_UNTAPED 1
+
+static int sig_virtual(int sig) {
+    switch (sig) {
+    case SIGILL: case SIGTRAP: case SIGABRT: case SIGBUS: case SIGFPE: case SIGSEGV:
+    case SIGPIPE: case SIGSYS: case SIGKILL: case SIGSTOP:
+        return 0;
+    }
+    return sig >= 1 && sig <= 64 && !(sig >= 32 && sig < SIGRTMIN);
+}
+
+static void sig_front(int sig, siginfo_t *si, void *uc);
+
+/* The thread's position: records so far on its other streams. */
+static uint32_t sig_count(tls_t *t) {
+    if (g_mode == MODE_RECORD) return t->nrec;
+    uint32_t n = 0;
+    for (int c = 1; c < NCH; c++)
+        if (c != CH_SIGNAL && t->st[c].mapped) n += t->st[c].pos;
+    return n;
+}
+
+static void raw_mask(int how, const sigset_t *set, sigset_t *old) {
+    RS4(SYS_rt_sigprocmask, how, set, old, 8);
+}
+
+/* Run the program's handler (either mode): the scheduler's baton is not taken by it. */
+static void sig_call(int sig, siginfo_t *si, void *uc, int untaped) {
+    sigent_t *h = &g_sig[sig];
+    void *fn = h->fn;
+    int flags = h->flags;
+    if (flags & SA_RESETHAND) { h->fn = (void *)SIG_DFL; h->on = 0; }
+    if (fn == (void *)SIG_IGN || fn == (void *)SIG_DFL || !fn) return;
+    int off = S.on && !T.holding && !T.sched_off;
+    if (off) T.sched_off = 1;
+    if (untaped) T.guard++;
+    if (flags & SA_SIGINFO) ((void (*)(int, siginfo_t *, void *))fn)(sig, si, uc);
+    else ((void (*)(int))fn)(sig);
+    if (untaped) T.guard--;
+    if (off) T.sched_off = 0;
+}
+
+/* Record: runs of a handler that interrupted the shim wait here until its next record. */
+static void sig_flush_pending(tls_t *t) {
+    int n = t->sigpend_n;
+    t->sigpend_n = 0;
+    for (int i = 0; i < n && i < 4; i++)
+        rec(t, CH_SIGNAL, OP_SIG_RUN, &t->sigpend[i], sizeof(sigrec_t));
+}
+
+static void sig_record(tls_t *t, int sig, siginfo_t *si) {
+    sigrec_t r;
+    memset(&r, 0, sizeof r);
+    r.pos = t->nrec;
+    r.k = t->sigk;
+    r.sig = sig;
+    r.flags = (t->guard || t->inshim) ? SIGF_UNTAPED : 0;
+    if (si) memcpy(r.info, si, sizeof r.info);
+    if (t->inshim) { /* its buffer's lock may be held by the code it interrupted */
+        if (t->sigpend_n < 4) memcpy(&t->sigpend[t->sigpend_n], &r, sizeof r);
+        t->sigpend_n++;
+        return;
+    }
+    rec(t, CH_SIGNAL, OP_SIG_RUN, &r, sizeof r);
+}
+
+static int g_sigtape; /* replay: the program installed a handler the shim is in front of */
+
+static void sig_report(tls_t *t, const char *kind, const char *what, int sig) {
+    char line[512];
+    char *p = line, *end = line + sizeof line - 2;
+    p = s_put(p, end, kind);
+    p = s_put(p, end, "\tproc="); p = s_put(p, end, g_proc);
+    p = s_put(p, end, "\tthread="); p = u_put(p, end, t->tindex);
+    p = s_put(p, end, "\tchannel=signal\tpos="); p = u_put(p, end, t->st[CH_SIGNAL].pos);
+    p = s_put(p, end, "\trecorded="); p = s_put(p, end, what);
+    p = s_put(p, end, "\tasked=signal "); p = i_put(p, end, sig);
+    *p++ = '\n';
+    if (g_reports++ < 500) append_report(line, (size_t)(p - line));
+}
+
+/* Replay: run the handlers (at most `max`) the tape has at this thread's current point,
+ * judged against `mask` (NULL: the thread's mask now); how many ran. */
+static int sig_replay_point(tls_t *t, const sigset_t *mask, int max) {
+    if (t->inshim || t->in_sigpoint) return 0;
+    stream_t *s = &t->st[CH_SIGNAL];
+    int ran = 0;
+    t->in_sigpoint = 1;
+    while (ran < max) {
+        if (!s->mapped) { inshim_enter(); map_stream(t, CH_SIGNAL); inshim_leave(); }
+        if (s->off + 8 + sizeof(sigrec_t) > s->size) break;
+        sigrec_t r;
+        memcpy(&r, s->base + s->off + 8, sizeof r);
+        uint32_t now = sig_count(t);
+        if (r.pos > now || (r.pos == now && r.k > t->sigk)) break;
+        if (r.pos < now) {
+            sig_report(t, "divergence", "a signal handler ran before this call (the signal "
+                       "was blocked here, or the run never reached the point)", r.sig);
+            if (!g_lenient) die(DIVERGENCE_EXIT);
+            s->off += 8 + sizeof r; /* lenient: drop it */
+            s->pos++;
+            continue;
+        }
+        if ((unsigned)r.sig > 64) break;
+        sigset_t cur; /* the program's mask (in a live handler: the interrupted code's) */
+        if (mask) cur = *mask;
+        else raw_mask(SIG_BLOCK, NULL, &cur);
+        if (sigismember(&cur, r.sig)) break; /* delivered when the program unblocks it */
+        uint32_t n;
+        if (!serve(t, CH_SIGNAL, OP_SIG_RUN, NULL, 0, &n)) break;
+        sigset_t blk = g_sig[r.sig].mask, old;
+        if (!(g_sig[r.sig].flags & SA_NODEFER)) sigaddset(&blk, r.sig);
+        raw_mask(SIG_BLOCK, &blk, &old);
+        ucontext_t uc;
+        getcontext(&uc);
+        siginfo_t si;
+        memcpy(&si, r.info, sizeof si);
+        int e = errno;
+        t->in_sigpoint = 0;
+        sig_call(r.sig, &si, &uc, r.flags & SIGF_UNTAPED);
+        t->in_sigpoint = 1;
+        errno = e;
+        raw_mask(SIG_SETMASK, &old, NULL);
+        ran++;
+    }
+    t->in_sigpoint = 0;
+    return ran;
+}
+
+/* Replay: the signal whose run is due at this thread's point now, or 0. */
+static int sig_due(tls_t *t) {
+    if (t->inshim || t->in_sigpoint) return 0;
+    stream_t *s = &t->st[CH_SIGNAL];
+    if (!s->mapped) { inshim_enter(); map_stream(t, CH_SIGNAL); inshim_leave(); }
+    if (s->off + 8 + sizeof(sigrec_t) > s->size) return 0;
+    sigrec_t r;
+    memcpy(&r, s->base + s->off + 8, sizeof r);
+    return r.pos == sig_count(t) && r.k <= t->sigk ? r.sig : 0;
+}
+
+/* core.c's serve() calls this before serving a record of another channel. */
+static void sig_at_serve(tls_t *t) {
+    if (t->guard) return;
+    sig_replay_point(t, NULL, INT_MAX);
+}
+
+static void sig_front(int sig, siginfo_t *si, void *uc) {
+    int e = errno;
+    if ((unsigned)sig > 64) return;
+    if (g_mode == MODE_RECORD) {
+        tls_t *t = me();
+        sig_record(t, sig, si);
+        sig_call(sig, si, uc, t->guard || t->inshim);
+    } else if (g_mode == MODE_REPLAY) {
+        /* swallowed: the tape says where the handler runs. But when the thread is at
+         * the point the tape has this very signal run (a signal it sent itself, or one
+         * that arrives while the thread spins in code that makes no taped call), the
+         * handler runs now: with no taped call ahead it could wait for ever. */
+        tls_t *t = me();
+        if (g_sig[sig].fn == (void *)SIG_DFL && si && si->si_code <= 0 &&
+            si->si_pid != (pid_t)RS0(SYS_getpid)) {
+            /* sent by another process (a user's kill, ^C): its default action, live */
+            struct sigaction d;
+            memset(&d, 0, sizeof d);
+            d.sa_handler = SIG_DFL;
+            real_sigaction(sig, &d, NULL);
+            g_sig[sig].on = 0;
+            sigset_t one;
+            sigemptyset(&one);
+            sigaddset(&one, sig);
+            RS3(SYS_tgkill, RS0(SYS_getpid), RS0(SYS_gettid), sig);
+            raw_mask(SIG_UNBLOCK, &one, NULL);
+            errno = e;
+            return;
+        }
+        if (!t->guard && sig_due(t) == sig)
+            sig_replay_point(t, uc ? &((ucontext_t *)uc)->uc_sigmask : NULL, 1);
+    } else {
+        sig_call(sig, si, uc, 0);
+    }
+    errno = e;
+}
+
+/* ------------------------------------------------------------------ dispositions */
+
+static void fill_old(int sig, struct sigaction *old) {
+    sigent_t *h = &g_sig[sig];
+    memset(old, 0, sizeof *old);
+    old->sa_sigaction = (void (*)(int, siginfo_t *, void *))h->fn;
+    old->sa_flags = h->flags;
+    old->sa_mask = h->mask;
+}
+
+EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
+    RESOLVE(sigaction);
+    if (!sig_virtual(sig) || (!g_mode && !g_sig[sig].on))
+        return real_sigaction(sig, act, old);
+    struct sigaction a, prev;
+    if (act) a = *act;
+    if (g_sig[sig].on) fill_old(sig, &prev);
+    else if (real_sigaction(sig, NULL, &prev)) return -1;
+    if (act) {
+        sigset_t blk, saved;
+        sigemptyset(&blk);
+        sigaddset(&blk, sig);
+        raw_mask(SIG_BLOCK, &blk, &saved); /* the front handler never sees a half-written entry */
+        int r;
+        if (a.sa_handler == SIG_IGN || (a.sa_handler == SIG_DFL &&
+                                         !(g_mode == MODE_REPLAY && g_sig[sig].ever))) {
+            g_sig[sig].on = 0;
+            r = real_sigaction(sig, &a, NULL);
+        } else if (a.sa_handler == SIG_DFL) {
+            /* replay, after a handler: a live signal the recording's handler took (a
+             * timer that fires late, a child that exits late) must not take the default
+             * action now; the front one stays and swallows it (sig_front) */
+            g_sig[sig].fn = (void *)SIG_DFL;
+            g_sig[sig].flags = a.sa_flags;
+            g_sig[sig].mask = a.sa_mask;
+            r = 0;
+        } else {
+            struct sigaction f = a;
+            g_sig[sig].fn = (void *)a.sa_sigaction;
+            g_sig[sig].flags = a.sa_flags;
+            g_sig[sig].mask = a.sa_mask;
+            g_sig[sig].on = 1;
+            g_sig[sig].ever = 1;
+            f.sa_sigaction = sig_front;
+            f.sa_flags = a.sa_flags | SA_SIGINFO;
+            if (g_mode == MODE_REPLAY) {
+                f.sa_flags = (f.sa_flags | SA_RESTART) & ~SA_RESETHAND;
+                g_sigtape = 1;
+            }
+            r = real_sigaction(sig, &f, NULL);
+        }
+        int e = errno;
+        raw_mask(SIG_SETMASK, &saved, NULL);
+        errno = e;
+        if (r) return r;
+    }
+    if (old) *old = prev;
+    return 0;
+}
+
+static sighandler_t signal_with(int sig, sighandler_t h, int flags, int self_mask) {
+    struct sigaction a, o;
+    memset(&a, 0, sizeof a);
+    a.sa_handler = h;
+    a.sa_flags = flags;
+    sigemptyset(&a.sa_mask);
+    if (self_mask && sig > 0 && sig < 65) sigaddset(&a.sa_mask, sig);
+    if (sigaction(sig, &a, &o) < 0) return SIG_ERR;
+    return o.sa_handler;
+}
+
+EXPORT sighandler_t signal(int sig, sighandler_t h) { return signal_with(sig, h, SA_RESTART, 1); }
+EXPORT sighandler_t bsd_signal(int sig, sighandler_t h) { return signal_with(sig, h, SA_RESTART, 1); }
+EXPORT sighandler_t sysv_signal(int sig, sighandler_t h) {
+    return signal_with(sig, h, SA_RESETHAND | SA_NODEFER, 0);
+}
+
+/* ------------------------------------------------------------------ masks and waits */
+
+static inline int sig_taped_thread(void) { return g_mode && !T.guard && !T.inshim; }
+
+EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old) {
+    RESOLVE(sigprocmask);
+    if (!set || !sig_taped_thread()) return real_sigprocmask(how, set, old);
+    tls_t *t = me();
+    /* replay: a run recorded before this call (under the old mask) happens first */
+    if (g_mode == MODE_REPLAY && g_sigtape) sig_replay_point(t, NULL, INT_MAX);
+    t->sigk++;
+    int r = real_sigprocmask(how, set, old);
+    if (g_mode == MODE_REPLAY && g_sigtape) sig_replay_point(t, NULL, INT_MAX);
+    return r;
+}
+
+EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old) {
+    RESOLVE(pthread_sigmask);
+    if (!set || !sig_taped_thread()) return real_pthread_sigmask(how, set, old);
+    tls_t *t = me();
+    /* replay: a run recorded before this call (under the old mask) happens first */
+    if (g_mode == MODE_REPLAY && g_sigtape) sig_replay_point(t, NULL, INT_MAX);
+    t->sigk++;
+    int r = real_pthread_sigmask(how, set, old);
+    if (g_mode == MODE_REPLAY && g_sigtape) sig_replay_point(t, NULL, INT_MAX);
+    return r;
+}
+
+/* Replay of a wait for a handler: run the one the tape has here, under `mask`. */
+static int sig_replay_suspend(const sigset_t *mask) {
+    tls_t *t = me();
+    t->sigk++;
+    sigset_t old;
+    if (mask) raw_mask(SIG_SETMASK, mask, &old);
+    int ran = sig_replay_point(t, NULL, INT_MAX);
+    if (mask) raw_mask(SIG_SETMASK, &old, NULL);
+    if (!ran) {
+        sig_report(t, "divergence", "no signal handler ran here when recorded", 0);
+        if (!g_lenient) die(DIVERGENCE_EXIT);
+    }
+    errno = EINTR;
+    return -1;
+}
+
+EXPORT int sigsuspend(const sigset_t *mask) {
+    RESOLVE(sigsuspend);
+    if (!sig_taped_thread()) return real_sigsuspend(mask);
+    if (g_mode == MODE_REPLAY) return sig_replay_suspend(mask);
+    me()->sigk++;
+    return real_sigsuspend(mask);
+}
+
+EXPORT int pause(void) {
+    if (!sig_taped_thread()) return (int)sys_ret(RS0(SYS_pause));
+    if (g_mode == MODE_REPLAY) return sig_replay_suspend(NULL);
+    me()->sigk++;
+    return (int)sys_ret(RS0(SYS_pause));
+}
+
+/* Signals taken synchronously: not taped; replay says so. */
+static void sig_unsupported(const char *what) {
+    if (g_mode != MODE_REPLAY || T.guard) return;
+    static int said;
+    if (said++) return;
+    sig_report(me(), "unsupported", what, 0);
+}
+
+EXPORT int signalfd(int fd, const sigset_t *mask, int flags) {
+    RESOLVE(signalfd);
+    sig_unsupported("signalfd (signals read from a file descriptor are not taped)");
+    return real_signalfd(fd, mask, flags);
+}
+EXPORT int sigwaitinfo(const sigset_t *set, siginfo_t *info) {
+    RESOLVE(sigwaitinfo);
+    sig_unsupported("sigwaitinfo (signals taken synchronously are not taped)");
+    return real_sigwaitinfo(set, info);
+}
+EXPORT int sigtimedwait(const sigset_t *set, siginfo_t *info, const struct timespec *ts) {
+    RESOLVE(sigtimedwait);
+    sig_unsupported("sigtimedwait (signals taken synchronously are not taped)");
+    return real_sigtimedwait(set, info, ts);
+}
+EXPORT int sigwait(const sigset_t *set, int *sig) {
+    RESOLVE(sigwait);
+    sig_unsupported("sigwait (signals taken synchronously are not taped)");
+    return real_sigwait(set, sig);
+}
+
+/* A forked child starts its streams afresh: so does its count. */
+static void sig_atfork_child(void) {
+    T.nrec = 0;
+    T.sigk = 0;
+    T.sigpend_n = 0;
+    T.in_sigpoint = 0;
+}
+__attribute__((constructor)) static void sig_init(void) {
+    pthread_atfork(NULL, NULL, sig_atfork_child);
+}
