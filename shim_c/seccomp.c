@@ -76,7 +76,14 @@ static void install_filters(void) {
         sigemptyset(&sa.sa_mask);
         sigaction(SIGSYS, &sa, NULL);
     }
-    if (!want_net && !want_trap) return;
+    if (!want_net && !want_trap) {
+        size_t at = s_len(g_filt);
+        if (!strchr(g_filt, 'n') && !strchr(g_filt, '-') && at + 1 < sizeof g_filt) {
+            g_filt[at] = '-'; /* see below: as long as a replay's "n" */
+            g_filt[at + 1] = 0;
+        }
+        return;
+    }
     uint32_t lo = (uint32_t)g_exe_lo, hi = (uint32_t)g_exe_hi;
     if ((uint32_t)((g_exe_hi) >> 32) != hi32) hi = 0xffffffffu;
     struct sock_filter f[] = {
@@ -119,7 +126,9 @@ static void install_filters(void) {
     if (is_err(r)) return;
     size_t at = s_len(g_filt);
     char *p = g_filt + at, *end = g_filt + sizeof g_filt - 1;
-    if (want_net) p = s_put(p, end, "n");
+    /* one character either way: a child's environment (STENO_FILT) is as long in both
+     * modes, so its initial stack is at the same address (launch.STENO_ENV_BYTES) */
+    if (!strchr(g_filt, 'n') && !strchr(g_filt, '-')) p = s_put(p, end, want_net ? "n" : "-");
     if (want_trap) p = s_put(p, end, tag);
     *p = 0;
 }

@@ -31,9 +31,14 @@ import click
 from stenograph import __version__
 from stenograph.interpose.launch import (
     RunResult,
+    Seal,
     check_dynamic,
+    created_names,
+    listing,
     resolve_program,
     run_under_shim,
+    seal_roots,
+    snapshot_state,
 )
 from stenograph.interpose.pyenv import hook_env
 from stenograph.interpose.redact import RedactionRules
@@ -150,10 +155,12 @@ def record(output: str | None, store_dir: str | None, traj: str | None,
                 "stenograph": __version__,
                 "started": time.time(),
                 "redaction": RedactionRules.from_env().to_body(),
+                "sealed_state": snapshot_state(),  # what replay puts back (launch.Seal)
             })
             session = RecordSession(store, traj, Path(tmp) / "tape.sock")
             exchanges = ExchangeServer(store, traj, Path(tmp) / "py.sock")
             flusher = _Flusher(store)
+            tmp_before = listing(seal_roots(env))
             try:
                 result = run_under_shim(argv, _shim_env(
                     env, "record", STENO_SOCK=session.sock_path,
@@ -170,6 +177,8 @@ def record(output: str | None, store_dir: str | None, traj: str | None,
                 "processes": sorted(stats.procs),
                 "exchanges": exchanges.count,
                 "errors": (stats.errors + exchanges.errors)[:20],
+                # names the run created in /tmp, /var/tmp, $TMPDIR: hidden at replay
+                "tmp_created": created_names(tmp_before, listing(list(tmp_before))),
             })
         from stenograph.recorder.trajfile import export_trajectory
 
@@ -206,10 +215,13 @@ def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (program output "
               "is not passed through).")
 @click.option("--allow-network", is_flag=True, help="Let the replay open AF_INET sockets.")
+@click.option("--unsealed", is_flag=True, help="Replay against the live /tmp, /var/tmp and "
+              "$TMPDIR (no private mount namespace): names the recording created there "
+              "are taken.")
 @click.option("--keep-tape", type=click.Path(file_okay=False), default=None,
               help="Prepare the tape in this directory and keep it.")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
-def replay(file: str, lenient: bool, as_json: bool, allow_network: bool,
+def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unsealed: bool,
            keep_tape: str | None, cmd: tuple[str, ...]) -> None:
     """Re-run a recorded command, serving every recorded clock, byte and listing."""
     started, ended, events, blobs = _load(file)
@@ -240,7 +252,8 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool,
         if not isinstance(cwd, str) or not os.path.isdir(cwd):
             cwd = None
         result = run_under_shim(argv, _shim_env(env, "replay", **extra),
-                                cwd=cwd, passthrough=not as_json)
+                                cwd=cwd, passthrough=not as_json,
+                                seal=None if unsealed else _seal(started, ended, tape))
         report = _report(file, tape, started, ended, result, argv)
     finally:
         if not keep_tape:
@@ -256,6 +269,18 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool,
         if not as_json:
             raise ReplayDiverged(f"replay is not bit-identical ({different} differ)", file)
         sys.exit(ReplayDiverged.exit_code)
+
+
+def _seal(started: dict[str, Any], ended: dict[str, Any], tape: Path) -> Seal:
+    """The replay's private view of /tmp and host state (``launch.Seal``)."""
+    hide = ended.get("tmp_created") or {}
+    state = started.get("sealed_state") or {}
+    stage = tape / ".seal"
+    stage.mkdir(exist_ok=True)
+    return Seal(
+        hide={str(k): [str(n) for n in v] for k, v in hide.items() if isinstance(v, list)},
+        state={str(k): v for k, v in state.items() if v is None or isinstance(v, dict)},
+        keep=[str(tape.resolve())], stage=str(stage.resolve()))
 
 
 def _report(file: str, tape: Path, started: dict[str, Any], ended: dict[str, Any],

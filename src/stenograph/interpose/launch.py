@@ -6,6 +6,14 @@ ASLR is switched off with ``personality(ADDR_NO_RANDOMIZE)`` on the launcher aro
 replay. stdout and stderr go through pipes that this process copies to its own and
 hashes, which is how a replay can say whether the bytes were identical; stdin is
 inherited untouched. The program sees pipes in both modes, so it behaves alike.
+
+A replay runs *sealed* (``Seal``): in a private mount namespace where the temporary
+directories (``/tmp``, ``/var/tmp``, ``$TMPDIR``) are overlays of themselves on a fresh
+tmpfs, with every name the recorded run created there hidden (a whiteout), so an
+exclusive creation (``mkdtemp``, ``mktemp -d``, ``O_CREAT|O_EXCL``) of a name the
+recording drew finds it free again, as the recording did; what the replay writes there
+is discarded with the namespace. Host state files libraries keep across runs
+(``/var/lib/libuuid``) are put back as they were when the recording started.
 """
 
 from __future__ import annotations
@@ -139,6 +147,177 @@ def _pump(src: BinaryIO, dst_fd: int | None, digest: Any, keep: list[bytes] | No
     src.close()
 
 
+# ----------------------------------------------------------------------------- sealing
+
+STATE_DIRS = ("/var/lib/libuuid",)
+"""Directories of host state a library keeps between runs (libuuid's ``clock.txt``, read
+and rewritten under ``flock`` by ``uuid_generate_time``): the recorded run changed them,
+so replay gets them back as they were when the recording started."""
+
+STATE_MAX = 64 * 1024
+"""A state directory bigger than this (or holding anything but regular files) is not
+snapshotted; replay then hides it behind an empty tmpfs."""
+
+CLONE_NEWNS = 0x00020000
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+
+
+def seal_roots(env: Mapping[str, str]) -> list[str]:
+    """The temporary directories a replay gets fresh: /tmp, /var/tmp and $TMPDIR."""
+    roots: list[str] = []
+    for cand in ("/tmp", "/var/tmp", env.get("TMPDIR") or ""):
+        if not cand or not os.path.isabs(cand) or not os.path.isdir(cand):
+            continue
+        real = os.path.realpath(cand)
+        if real not in roots:
+            roots.append(real)
+    # an outer root first: an inner one is mounted over the outer's overlay
+    return sorted(roots, key=lambda r: r.count("/"))
+
+
+def listing(roots: Sequence[str]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for root in roots:
+        try:
+            out[root] = set(os.listdir(root))
+        except OSError:
+            out[root] = set()
+    return out
+
+
+def created_names(before: Mapping[str, set[str]],
+                  after: Mapping[str, set[str]]) -> dict[str, list[str]]:
+    """Names that appeared in each temporary directory while the recorded run ran."""
+    return {root: sorted(after.get(root, set()) - names) for root, names in before.items()
+            if after.get(root, set()) - names}
+
+
+def snapshot_state() -> dict[str, dict[str, str] | None]:
+    """The state directories as they are now: ``{dir: {name: hex content}}``; a dir that
+    does not exist maps to ``{}`` with no files, one too big to keep to ``None``."""
+    out: dict[str, dict[str, str] | None] = {}
+    for d in STATE_DIRS:
+        if not os.path.isdir(d):
+            out[d] = {}
+            continue
+        files: dict[str, str] | None = {}
+        total = 0
+        try:
+            for name in sorted(os.listdir(d)):
+                path = os.path.join(d, name)
+                if not os.path.isfile(path) or os.path.islink(path):
+                    files = None
+                    break
+                with open(path, "rb") as f:
+                    data = f.read(STATE_MAX + 1)
+                total += len(data)
+                if total > STATE_MAX:
+                    files = None
+                    break
+                files[name] = data.hex()  # type: ignore[index]
+        except OSError:
+            files = None
+        out[d] = files
+    return out
+
+
+@dataclass(frozen=True)
+class Seal:
+    """How a replay is sealed: temporary roots with the names to hide, the state to put
+    back, and the directories that must stay the real ones (the tape: the shim writes its
+    reports there for this process to read)."""
+
+    hide: Mapping[str, Sequence[str]]
+    state: Mapping[str, Mapping[str, str] | None]
+    keep: Sequence[str]
+    stage: str  # an empty directory of ours: the overlays' upper layers are mounted here
+
+
+class SealUnavailable(BadInput):
+    pass
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _seal_preexec(seal: Seal, roots: Sequence[str]) -> Any:
+    """The function the replay's child runs before exec: everything it needs is resolved
+    here, in the parent."""
+    libc = _libc()
+    unshare, mount = libc.unshare, libc.mount
+    unshare.argtypes = [ctypes.c_int]
+    mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                      ctypes.c_char_p]
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    def run() -> None:
+        check(unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        check(mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+        keep_fds = [os.open(k, os.O_PATH | os.O_DIRECTORY) for k in seal.keep]
+        stage = seal.stage.encode()
+        check(mount(b"steno-seal", stage, b"tmpfs", 0, b"mode=0700"), "mount tmpfs")
+        # every layer is made before any overlay hides the stage's path: once /tmp is an
+        # overlay, the stage is reached through an fd only
+        sfd = os.open(seal.stage, os.O_PATH | os.O_DIRECTORY)
+        for i, root in enumerate(roots):
+            upper, work = f"{seal.stage}/u{i}", f"{seal.stage}/w{i}"
+            os.mkdir(upper)
+            os.mkdir(work)
+            st = os.stat(root)
+            os.chmod(upper, st.st_mode & 0o7777)
+            os.chown(upper, st.st_uid, st.st_gid)
+            for name in seal.hide.get(root, ()):
+                if "/" not in name and name not in (".", ".."):
+                    os.mknod(os.path.join(upper, name), 0o600 | 0o020000, 0)  # whiteout
+        for i, root in enumerate(roots):
+            layers = f"/proc/self/fd/{sfd}"
+            opts = (f"lowerdir={root},upperdir={layers}/u{i},workdir={layers}/w{i}").encode()
+            check(mount(b"overlay", root.encode(), b"overlay", 0, opts), f"overlay on {root}")
+        os.close(sfd)
+        for d, files in seal.state.items():
+            if not os.path.isdir(d):
+                continue  # nothing to hide, nowhere to put it back
+            check(mount(b"steno-state", d.encode(), b"tmpfs", 0, b"mode=0755"),
+                  f"mount tmpfs on {d}")
+            for name, data in (files or {}).items():
+                if "/" not in name:
+                    with open(os.path.join(d, name), "wb") as f:
+                        f.write(bytes.fromhex(data))
+        for k, fd in zip(seal.keep, keep_fds, strict=True):
+            check(mount(f"/proc/self/fd/{fd}".encode(), k.encode(), None, MS_BIND, None),
+                  f"bind {k}")
+            os.close(fd)
+        os.chdir(os.getcwd())  # through the new mounts
+
+    return run
+
+
+STENO_ENV_BYTES = 8192
+"""The ``STENO_*`` part of the program's environment is padded (``STENO_PAD``) to exactly
+this many bytes. The shim hides those variables from ``environ``, but their strings sit on
+the initial stack above ``main``'s frame: record (``STENO_SOCK``, ``STENO_STORE``...) and
+replay (``STENO_TAPE``, ``STENO_NONET``...) would otherwise start the program with its
+stack at different addresses, and what a program derives from a stack address (gnulib's
+tempname seeds its first ``mktemp -d`` name with ``&v``) would differ. Children inherit
+the pad with the rest (the shim passes every ``STENO_*`` variable on)."""
+
+
+def pad_steno_env(env: Mapping[str, str]) -> dict[str, str]:
+    out = {k: v for k, v in env.items() if k != "STENO_PAD"}
+    used = sum(len(k) + len(v) + 2 for k, v in out.items() if k.startswith("STENO_"))
+    room = STENO_ENV_BYTES - used - len("STENO_PAD=") - 1
+    if room < 0:
+        raise BadInput("the shim's variables are too long (a tape or store path of "
+                       f"{-room} bytes too many)")
+    out["STENO_PAD"] = "x" * room
+    return out
+
+
 def run_under_shim(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -147,16 +326,26 @@ def run_under_shim(
     passthrough: bool = True,
     capture: bool = False,
     aslr_off: bool = True,
+    seal: Seal | None = None,
 ) -> RunResult:
-    """Run ``argv`` with ``env`` (which carries LD_PRELOAD and STENO_*); wait for it."""
+    """Run ``argv`` with ``env`` (which carries LD_PRELOAD and STENO_*); wait for it.
+    With ``seal``, in a private mount namespace (see ``Seal``); ``SealUnavailable`` if
+    the namespace cannot be made."""
     prog = resolve_program(argv, env)
     check_dynamic(prog)
+    preexec = _seal_preexec(seal, seal_roots(env)) if seal is not None else None
     try:
         with _aslr_off_for_children() if aslr_off else contextlib.nullcontext():
             proc = subprocess.Popen(
-                [prog, *argv[1:]], executable=prog, env=dict(env), cwd=cwd,
+                [prog, *argv[1:]], executable=prog, env=pad_steno_env(env), cwd=cwd,
                 stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
+                preexec_fn=preexec,
             )
+    except subprocess.SubprocessError:
+        raise SealUnavailable(
+            "cannot seal the replay in a private mount namespace (needs root or user "
+            "namespaces); rerun with --unsealed to replay against the live /tmp",
+        ) from None
     except OSError as exc:
         raise BadInput(f"cannot run command: {exc.strerror}", argv[0]) from None
     out_h, err_h = hashlib.sha256(), hashlib.sha256()
