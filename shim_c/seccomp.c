@@ -1,7 +1,8 @@
 /* The seccomp filter, installed once per process tree at start-up.
  *
- * Replay isolation: refuse new AF_INET/AF_INET6 sockets with EACCES, so a replay can never
- * reach a live model or tool (once per tree: filters are inherited across fork and exec).
+ * Replay isolation: refuse connect/sendto/sendmsg/sendmmsg to non-loopback AF_INET/AF_INET6
+ * addresses with EACCES (see net_trapped), so a replay can never reach a live model or
+ * tool (once per tree: filters are inherited across fork and exec).
  *
  * Raw getrandom: a `syscall` instruction for getrandom in the program's own code (inline
  * asm; libc's syscall() is wrapped in syscall.c) bypasses every libc wrapper. In both modes the
@@ -26,13 +27,72 @@ static int exe_range_cb(struct dl_phdr_info *info, size_t size, void *data) {
     return 1; /* the first object is the main program */
 }
 
+/* Replay isolation: what reaches the network is refused, not the socket. A connect,
+ * sendto, sendmsg or sendmmsg to an AF_INET/AF_INET6 address outside loopback (127/8,
+ * ::1, ::ffff:127/104) fails with EACCES; anything else (AF_UNIX, netlink, loopback, a
+ * connected socket) is made by the handler itself, marked with a cookie in the unused
+ * sixth argument so the filter lets it through. Sockets, binds and local probes (libuuid's
+ * SIOCGIFCONF on an AF_INET datagram socket) behave as when recorded. */
+#define NET_COOKIE_LO 0x6e657453u /* "Sten" */
+#define NET_COOKIE_HI 0x70726f67u /* "ogrp" */
+#define NET_COOKIE ((long)(((uint64_t)NET_COOKIE_HI << 32) | NET_COOKIE_LO))
+
+static int net_remote(const struct sockaddr *sa, socklen_t len) {
+    if (!sa || len < sizeof(sa_family_t)) return 0;
+    if (sa->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        const unsigned char *a = (const unsigned char *)&((const struct sockaddr_in *)sa)->sin_addr;
+        return a[0] != 127;
+    }
+    if (sa->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        const unsigned char *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+        static const unsigned char lo6[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+        static const unsigned char v4m[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (!memcmp(a, lo6, 16)) return 0;
+        if (!memcmp(a, v4m, 12)) return a[12] != 127;
+        return 1;
+    }
+    return 0;
+}
+
+static long net_trapped(int nr, greg_t *g) {
+    long a0 = g[REG_RDI], a1 = g[REG_RSI], a2 = g[REG_RDX], a3 = g[REG_R10],
+         a4 = g[REG_R8], a5 = g[REG_R9];
+    if (nr == SYS_connect) {
+        if (net_remote((const struct sockaddr *)a1, (socklen_t)a2)) return -EACCES;
+        return rsys(SYS_connect, a0, a1, a2, 0, 0, NET_COOKIE);
+    }
+    if (nr == SYS_sendto) {
+        if (net_remote((const struct sockaddr *)a4, (socklen_t)a5)) return -EACCES;
+        struct iovec iov = {(void *)a1, (size_t)a2};
+        struct msghdr mh;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_name = (void *)a4;
+        mh.msg_namelen = (socklen_t)a5;
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        return rsys(SYS_sendmsg, a0, (long)&mh, a3, 0, 0, NET_COOKIE);
+    }
+    if (nr == SYS_sendmsg) {
+        const struct msghdr *mh = (const struct msghdr *)a1;
+        if (mh && net_remote(mh->msg_name, mh->msg_namelen)) return -EACCES;
+        return rsys(SYS_sendmsg, a0, a1, a2, 0, 0, NET_COOKIE);
+    }
+    const struct mmsghdr *v = (const struct mmsghdr *)a1; /* sendmmsg */
+    for (unsigned i = 0; v && i < (unsigned)a2; i++)
+        if (net_remote(v[i].msg_hdr.msg_name, v[i].msg_hdr.msg_namelen)) return -EACCES;
+    return rsys(SYS_sendmmsg, a0, a1, a2, a3, 0, NET_COOKIE);
+}
+
 static void sigsys_handler(int sig, siginfo_t *si, void *ctx) {
     (void)sig;
     ucontext_t *uc = ctx;
     greg_t *g = uc->uc_mcontext.gregs;
     int saved = errno;
     long ret = -ENOSYS;
-    if (si->si_syscall == SYS_getrandom) {
+    if (si->si_syscall == SYS_connect || si->si_syscall == SYS_sendto ||
+        si->si_syscall == SYS_sendmsg || si->si_syscall == SYS_sendmmsg) {
+        ret = net_trapped(si->si_syscall, g);
+    } else if (si->si_syscall == SYS_getrandom) {
         void *buf = (void *)g[REG_RDI];
         size_t n = (size_t)g[REG_RSI];
         unsigned flags = (unsigned)g[REG_RDX];
@@ -68,7 +128,7 @@ static void install_filters(void) {
     }
     /* an inherited filter may trap this image's executable too: the handler goes in
      * whenever any trap rule is on the tree, before the filter */
-    if (want_trap || strchr(g_filt, 't')) {
+    if (want_trap || want_net || strchr(g_filt, 't') || strchr(g_filt, 'n')) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_sigaction = sigsys_handler;
@@ -86,29 +146,44 @@ static void install_filters(void) {
     }
     uint32_t lo = (uint32_t)g_exe_lo, hi = (uint32_t)g_exe_hi;
     if ((uint32_t)((g_exe_hi) >> 32) != hi32) hi = 0xffffffffu;
+#define AL(n) (offsetof(struct seccomp_data, args[n]))
+#define ALLOWED (SECCOMP_RET_ALLOW)
+    uint32_t no = 0xffffffffu;
     struct sock_filter f[] = {
         /* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
         /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        /* 2 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 2 */ BPF_STMT(BPF_RET | BPF_K, ALLOWED),
         /* 3 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        /* 4 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_trap ? SYS_getrandom : 0xffffffffu, 2, 0),
-        /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_socket : 0xffffffffu, 8, 0),
-        /* 6 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        /* 7: getrandom: trap if lo <= ip < hi (same upper half) */
+        /* 4 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_trap ? SYS_getrandom : no, 5, 0),
+        /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_connect : no, 11, 0),
+        /* 6 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_sendmsg : no, 10, 0),
+        /* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_sendmmsg : no, 9, 0),
+        /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_sendto : no, 12, 0),
+        /* 9 */ BPF_STMT(BPF_RET | BPF_K, ALLOWED),
+        /* 10: getrandom: trap if lo <= ip < hi (same upper half) */
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer) + 4),
-        /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, hi32, 0, 4),
-        /* 9 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer)),
-        /* 10 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, lo, 0, 2),
-        /* 11 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, hi, 1, 0),
-        /* 12 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
-        /* 13 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        /* 14: socket(AF_INET / AF_INET6) -> EACCES */
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
-        /* 15 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET, 2, 0),
-        /* 16 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET6, 1, 0),
-        /* 17 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        /* 18 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EACCES & SECCOMP_RET_DATA)),
+        /* 11 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, hi32, 0, 4),
+        /* 12 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer)),
+        /* 13 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, lo, 0, 2),
+        /* 14 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, hi, 1, 0),
+        /* 15 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+        /* 16 */ BPF_STMT(BPF_RET | BPF_K, ALLOWED),
+        /* 17: connect, sendmsg, sendmmsg: the shim's own (cookie in the unused 6th
+         * argument, made by net_trapped after it checked the address) pass, others trap */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AL(5)),
+        /* 18 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NET_COOKIE_LO, 0, 6),
+        /* 19 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AL(5) + 4),
+        /* 20 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NET_COOKIE_HI, 5, 4),
+        /* 21: sendto: with no address (a connected socket) it passes, else traps */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AL(4)),
+        /* 22 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 2),
+        /* 23 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AL(4) + 4),
+        /* 24 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0),
+        /* 25 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+        /* 26 */ BPF_STMT(BPF_RET | BPF_K, ALLOWED),
     };
+#undef AL
+#undef ALLOWED
     struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof f[0]), f};
     /* SPEC_ALLOW: by default the kernel turns on speculative-store-bypass mitigation for
      * a task under seccomp, which made every recorded clock read twice as slow; this

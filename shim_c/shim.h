@@ -32,6 +32,7 @@
 #include <sys/select.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
 #include <sys/wait.h>
 #include <sys/resource.h>
 #include <sys/stat.h>

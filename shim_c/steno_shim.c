@@ -31,6 +31,7 @@
 #include "dirents.c"  /* channel dirents: listings, scandir */
 #include "meta.c"     /* channel meta: the stat family */
 #include "threads.c"  /* pthread_create, thread indices, thread-exit flush */
+#include "netif.c"    /* identity: the host's network interfaces (SIOCGIF* ioctls) */
 #include "signals.c"  /* channel signal: handlers run where the recording ran them */
 #include "seccomp.c"  /* BPF filter: raw getrandom trap, replay network refusal */
 #include "init.c"     /* constructor / destructor, environment, final flush */

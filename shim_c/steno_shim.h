@@ -60,6 +60,10 @@
 #define OP_WAITID 10     /* i32 idtype | i32 id | i32 options | i32 rc | i32 si_pid | i32 si_code | i32 si_status | i32 si_uid */
 #define OP_GETPGID 11    /* i32 pid | i32 result: getpgid, getpgrp (pid 0) */
 #define OP_GETSID 12     /* i32 pid | i32 result */
+/* host network interfaces (20..29, netif.c) */
+#define OP_NETIF_IOCTL 20 /* u32 request | u32 in (SIOCGIFCONF: ifc_len asked, ~0 = size query) |
+                           * name[16] (ifreq requests) | i32 rc | u32 n | bytes[n] (the ifreq,
+                           * or the ifconf buffer; a size query: n = the size, no bytes) */
 #define OP_EXIT 13       /* no payload: the process ends through exit/_exit (record only: a
                           * process whose tape has none was killed, or outlived the run) */
 

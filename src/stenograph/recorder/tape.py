@@ -56,7 +56,7 @@ OP_NAMES = {
     (7, 7): "after pthread_join", (7, 8): "sched_yield", (7, 9): "futex wait",
     (7, 10): "after waiting for a child",
     (8, 1): "fstatat", (8, 2): "statx",
-    (9, 1): "signal handler",
+    (4, 20): "ioctl(SIOCGIF*)", (9, 1): "signal handler",
 }
 
 
