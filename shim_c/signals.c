@@ -203,7 +203,9 @@ static void sig_front(int sig, siginfo_t *si, void *uc) {
     if (g_mode == MODE_RECORD) {
         tls_t *t = me();
         sig_record(t, sig, si);
-        sig_call(sig, si, uc, t->guard || t->inshim);
+        /* paused, its calls are untaped anyway; inside the shim, they are reentries
+         * (live, untaped, counted): replay runs it with the tape paused */
+        sig_call(sig, si, uc, 0);
     } else if (g_mode == MODE_REPLAY) {
         /* swallowed: the tape says where the handler runs. But when the thread is at
          * the point the tape has this very signal run (a signal it sent itself, or one
