@@ -297,23 +297,30 @@ def _seal_preexec(seal: Seal, roots: Sequence[str]) -> Any:
     return run
 
 
-STENO_ENV_BYTES = 8192
-"""The ``STENO_*`` part of the program's environment is padded (``STENO_PAD``) to exactly
-this many bytes. The shim hides those variables from ``environ``, but their strings sit on
-the initial stack above ``main``'s frame: record (``STENO_SOCK``, ``STENO_STORE``...) and
-replay (``STENO_TAPE``, ``STENO_NONET``...) would otherwise start the program with its
-stack at different addresses, and what a program derives from a stack address (gnulib's
-tempname seeds its first ``mktemp -d`` name with ``&v``) would differ. Children inherit
-the pad with the rest (the shim passes every ``STENO_*`` variable on)."""
+STENO_ENV_BYTES = 4096
+STENO_ENV_VARS = 16
+"""The ``STENO_*`` part of the program's environment is padded (``STENO_PAD``,
+``STENO_PAD1``...) to exactly this many variables of exactly this many bytes. The shim
+hides those variables from ``environ``, but their strings and pointers sit on the initial
+stack above ``main``'s frame: record (``STENO_SOCK``, ``STENO_STORE``...) and replay
+(``STENO_TAPE``, ``STENO_NONET``...) would otherwise start the program with its stack at
+different addresses, and what a program derives from a stack address (gnulib's tempname
+seeds its first ``mktemp -d`` name with ``&v``) would differ. Children inherit the pads
+with the rest (the shim passes every ``STENO_*`` variable on)."""
 
 
 def pad_steno_env(env: Mapping[str, str]) -> dict[str, str]:
-    out = {k: v for k, v in env.items() if k != "STENO_PAD"}
-    used = sum(len(k) + len(v) + 2 for k, v in out.items() if k.startswith("STENO_"))
-    room = STENO_ENV_BYTES - used - len("STENO_PAD=") - 1
-    if room < 0:
-        raise BadInput("the shim's variables are too long (a tape or store path of "
-                       f"{-room} bytes too many)")
+    out = {k: v for k, v in env.items() if not k.startswith("STENO_PAD")}
+    steno = [k for k in out if k.startswith("STENO_")]
+    pads = STENO_ENV_VARS - len(steno)
+    used = sum(len(k) + len(out[k]) + 2 for k in steno)
+    names = ["STENO_PAD"] + [f"STENO_PAD{i}" for i in range(1, max(pads, 1))]
+    room = STENO_ENV_BYTES - used - sum(len(n) + 2 for n in names)
+    if pads < 1 or room < 0:
+        raise BadInput("the shim's variables are too many or too long (a tape or store "
+                       "path too long?)")
+    for n in names:
+        out[n] = ""
     out["STENO_PAD"] = "x" * room
     return out
 
