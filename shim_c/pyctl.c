@@ -27,3 +27,50 @@ EXPORT const char *steno_getenv(const char *name) {
     }
     return NULL;
 }
+
+/* Python-level records on this thread's wait stream (an asyncio loop's iterations,
+ * stenograph.interpose.aioloop): they are written and served even while the tape is
+ * paused, since the code that makes them pauses the tape around the real wait. */
+EXPORT int steno_tape_put(int op, const void *p, uint32_t n) {
+    if (g_mode != MODE_RECORD || op != OP_LOOP_TICK) return -1;
+    rec(me(), CH_WAIT, op, p, n);
+    return 0;
+}
+
+/* Replay: the next record of this thread's wait stream, which must be `op`; its payload
+ * is copied to out (at most cap bytes). Returns its length, or -1 (lenient, nothing). */
+EXPORT int steno_tape_get(int op, void *out, uint32_t cap) {
+    if (g_mode != MODE_REPLAY || op != OP_LOOP_TICK) return -1;
+    uint32_t n;
+    const unsigned char *p = serve(me(), CH_WAIT, op, NULL, 0, &n);
+    if (!p) return -1;
+    memcpy(out, p, n < cap ? n : cap);
+    return (int)n;
+}
+
+/* The next wait this thread makes (epoll_wait, poll, select), though paused, releases the
+ * baton around its real call and takes a turn after it, as every wrapped wait does: the
+ * asyncio loop's real select under record runs paused (its outcome is taped as a loop
+ * tick instead). Set right before the call, so no Python code runs between. */
+EXPORT void steno_gate_next(void) { T.gate_next = 1; }
+
+/* Replay: release the baton, block until every fd shows (at least) its events (or hangs
+ * up), take the turn after: an asyncio loop tick's recorded readiness, in one wait. */
+EXPORT int steno_wait_fds(const int *fds, const short *events, int n) {
+    int gated = !T.sched_off && g_mode && UNLIKELY(S.on) && !S.broken;
+    if (gated) sched_release(&T);
+    struct pollfd pf[64];
+    int left = n < 64 ? n : 64;
+    for (int i = 0; i < left; i++) pf[i] = (struct pollfd){fds[i], events[i], 0};
+    while (left > 0) {
+        long r = RS3(SYS_poll, pf, left, -1);
+        if (is_err(r) && r != -EINTR) break;
+        for (int i = 0; i < left;) {
+            short want = pf[i].events, got = pf[i].revents;
+            if ((got & want) == want || (got & (POLLHUP | POLLERR | POLLNVAL))) pf[i] = pf[--left];
+            else i++;
+        }
+    }
+    if (gated) sched_take(&T, OP_SCHED_IO, 0);
+    return 0;
+}

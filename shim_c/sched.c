@@ -467,7 +467,9 @@ EXPORT int sem_post(sem_t *s) {
 /* An external wait (sleep, I/O, a child, a thread's exit): release the baton around
  * the real (record) or served (replay) call, then take a grant. */
 static inline int gate_out(void) {
-    if (!sched_here()) return 0;
+    int forced = T.gate_next;
+    T.gate_next = 0;
+    if (!sched_here() && !(forced && g_mode && S.on && !S.broken && !T.sched_off)) return 0;
     sched_release(&T);
     return 1;
 }

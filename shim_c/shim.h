@@ -164,6 +164,7 @@ typedef struct {
     int inshim; /* depth of critical sections (a spin lock held, a stream advancing) */
     int sched_off; /* not ordered by the scheduler (started off the tape, or ended) */
     int holding;   /* holds the scheduler's baton (sched.c) */
+    int gate_next; /* the next wait is scheduled though paused (steno_gate_next) */
     uint32_t tindex;
     tbuf_t *tb;
     stream_t st[NCH];

@@ -75,6 +75,8 @@
 #define OP_POLL 5            /* i32 timeout_ms | u32 nfds | i32 timed_out */
 #define OP_SELECT 6          /* i32 nfds | i32 0 | i64 timeout_us | i32 timed_out */
 #define OP_EPOLL 7           /* i32 timeout_ms | i32 maxevents | i32 timed_out */
+#define OP_LOOP_TICK 8       /* an asyncio loop iteration (stenograph.interpose.aioloop): u32 n |
+                              * n x (u32 registration | u32 mask) of the program's ready fds */
 
 /* io ops: the shape of I/O on pipes and socketpairs the process made itself. Only sizes
  * and ready sets are taped; the bytes come live from the (replayed) peer, which replay

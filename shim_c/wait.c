@@ -160,7 +160,7 @@ static int poll_taped(struct pollfd *fds, nfds_t nfds, int timeout) {
     return r;
 }
 EXPORT int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
-    return GATED(OP_SCHED_IO, timeout != 0, poll_taped(fds, nfds, timeout));
+    return GATED(OP_SCHED_IO, timeout != 0 || T.gate_next, poll_taped(fds, nfds, timeout));
 }
 
 static int select_taped(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv) {
@@ -185,7 +185,7 @@ static int select_taped(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeva
     return rc;
 }
 EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv) {
-    return GATED(OP_SCHED_IO, !tv || tv->tv_sec || tv->tv_usec, select_taped(nfds, r, w, x, tv));
+    return GATED(OP_SCHED_IO, !tv || tv->tv_sec || tv->tv_usec || T.gate_next, select_taped(nfds, r, w, x, tv));
 }
 
 static int epoll_wait_taped(int ep, struct epoll_event *ev, int max, int timeout) {
@@ -204,7 +204,7 @@ static int epoll_wait_taped(int ep, struct epoll_event *ev, int max, int timeout
     return r;
 }
 EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout) {
-    return GATED(OP_SCHED_IO, timeout != 0, epoll_wait_taped(ep, ev, max, timeout));
+    return GATED(OP_SCHED_IO, timeout != 0 || T.gate_next, epoll_wait_taped(ep, ev, max, timeout));
 }
 
 static int epoll_pwait_taped(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss) {
@@ -223,7 +223,7 @@ static int epoll_pwait_taped(int ep, struct epoll_event *ev, int max, int timeou
     return r;
 }
 EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss) {
-    return GATED(OP_SCHED_IO, timeout != 0, epoll_pwait_taped(ep, ev, max, timeout, ss));
+    return GATED(OP_SCHED_IO, timeout != 0 || T.gate_next, epoll_pwait_taped(ep, ev, max, timeout, ss));
 }
 
 static const struct timespec *translate_deadline(int clk, const struct timespec *abs,

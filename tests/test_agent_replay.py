@@ -70,7 +70,8 @@ class Run:
         return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
 
     def exchanges(self) -> list[dict[str, Any]]:
-        return [e.body for e in self.events if e.kind == "Exchange"]
+        return [e.body for e in self.events
+                if e.kind == "Exchange" and e.body.get("channel") in ("http", "model")]
 
     def started(self) -> dict[str, Any]:
         return next(e.body for e in self.events if e.kind == "RunStarted")

@@ -325,7 +325,8 @@ def _lines(p: subprocess.CompletedProcess[bytes]) -> dict[str, str]:
 
 
 def _exchanges(steno: Path) -> list[dict[str, object]]:
-    return [e.body for e in read_trajectory(steno).events if e.kind == "Exchange"]
+    return [e.body for e in read_trajectory(steno).events
+            if e.kind == "Exchange" and e.body.get("channel") in ("http", "model")]
 
 
 SIZES = "5,17,3,40,1,9"

@@ -99,7 +99,8 @@ def test_symbol_rows_name_known_ops_and_match_the_exports() -> None:
     out = subprocess.run([nm, "-D", "--defined-only", shim.shim_path()], capture_output=True,
                          text=True, check=True).stdout
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
-    hooks = {"steno_pause", "steno_resume", "steno_getenv", "steno_reentries"}
+    hooks = {"steno_pause", "steno_resume", "steno_getenv", "steno_reentries",
+             "steno_tape_put", "steno_tape_get", "steno_gate_next", "steno_wait_fds"}
     assert exported - hooks == {name for _kind, name, _ch, _op in rows}
 
 

@@ -129,8 +129,12 @@ def _shim_env(env: dict[str, str], mode: str, **extra: str) -> dict[str, str]:
               help="Store to record into and keep (default: .<output>.rec beside the output, "
               "removed once the .steno file is written).")
 @click.option("--traj", default=None, help="Trajectory id (default: run-<time>-<pid>).")
+@click.option("--asyncio", "asyncio_loop", is_flag=True,
+              help="Put asyncio event loops on the tape (experimental): tasks that run while "
+              "hooked async requests are in flight (overlapping requests, asyncio.gather of "
+              "streams) replay in the recorded order. The replay follows the recording.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def record(output: str | None, store_dir: str | None, traj: str | None,
+def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_loop: bool,
            cmd: tuple[str, ...]) -> None:
     """Run CMD under the tape and record everything it reads from the world."""
     argv = list(cmd)
@@ -156,15 +160,18 @@ def record(output: str | None, store_dir: str | None, traj: str | None,
                 "started": time.time(),
                 "redaction": RedactionRules.from_env().to_body(),
                 "sealed_state": snapshot_state(),  # what replay puts back (launch.Seal)
+                "asyncio": asyncio_loop,
             })
             session = RecordSession(store, traj, Path(tmp) / "tape.sock")
             exchanges = ExchangeServer(store, traj, Path(tmp) / "py.sock")
             flusher = _Flusher(store)
             tmp_before = listing(seal_roots(env))
             try:
+                loop_env = {"STENO_ASYNCIO": "1"} if asyncio_loop else {}
                 result = run_under_shim(argv, _shim_env(
                     env, "record", STENO_SOCK=session.sock_path,
-                    STENO_PYSOCK=exchanges.path, STENO_STORE=str(store_path.resolve())))
+                    STENO_PYSOCK=exchanges.path, STENO_STORE=str(store_path.resolve()),
+                    **loop_env))
             finally:
                 flusher.close()
                 exchanges.close()
@@ -242,6 +249,8 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
             raise CorruptLog("RunStarted has no environment map", file, 0)
         env = replay_env({str(k): str(v) for k, v in rec_env.items()}, dict(os.environ))
         extra = {"STENO_TAPE": str(tape)}
+        if started.get("asyncio"):
+            extra["STENO_ASYNCIO"] = "1"
         if argv != [str(a) for a in started["argv"]]:
             extra["STENO_EDITED"] = "1"  # another command: its own paths are not divergences
         if lenient:

@@ -40,6 +40,17 @@ def _patch_asyncio(mod: ModuleType) -> None:
     _inline_dns_when_paused(mod.BaseEventLoop)
 
 
+def _patch_asyncio_loops(mod: ModuleType) -> None:
+    from stenograph.interpose import seam
+
+    if not seam.loop_taped():
+        return
+    from stenograph.interpose import aioloop
+
+    if hasattr(aioloop, "install"):  # else aioloop is mid-import and installs itself
+        aioloop.install(mod)
+
+
 def _inline_dns_when_paused(loop_cls: Any) -> None:
     """A hook's real network call (record only, tape paused) resolves names inline.
 
@@ -77,6 +88,7 @@ def _inline_dns_when_paused(loop_cls: Any) -> None:
 
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "asyncio.base_events": _patch_asyncio,
+    "asyncio.selector_events": _patch_asyncio_loops,
     "httpx": _patch_httpx,
     "httpx2": _patch_httpx,
     "requests.adapters": _patch_requests,

@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+from stenograph.interpose import seam
 from stenograph.interpose.exchange import error_body
 from stenograph.interpose.fingerprint import fingerprint
 from stenograph.interpose.pytape import PyTape, ReplayExhausted, current
@@ -103,12 +104,17 @@ class _Call:
         body = _args_json(args, kwargs)
         self.request = {"method": "CALL", "url": f"{channel}:{name}", "body": body}
         self.fp = fingerprint("CALL", self.request["url"], body)
+        self.suspend: list[Any] = []  # async: how its waits ended (interpose.aioloop)
 
-    def replayed(self) -> Any:
+    def entry(self) -> dict[str, Any]:
         try:
-            entry = self.tape.take(self.channel, self.pos, self.request, self.fp)
+            return self.tape.take(self.channel, self.pos, self.request, self.fp)
         except ReplayExhausted as exc:
             raise RecordedCallError("ReplayExhausted", "stenograph", str(exc)) from None
+
+    def replayed(self, entry: dict[str, Any] | None = None) -> Any:
+        if entry is None:
+            entry = self.entry()
         if entry.get("error"):
             raise _rebuild(entry["error"])
         return _unspill(self.tape, entry.get("result"))
@@ -116,13 +122,16 @@ class _Call:
     def recorded(self, result: Any = None, error: BaseException | None = None) -> None:
         if error is None:
             _check_value(result, f"{self.channel} {self.name!r}")
-        self.tape.commit(self.channel, self.pos, {
+        entry = {
             "fingerprint": self.fp, "call_id": self.call_id,
             "request": {**self.request, "headers": [],
                         "body": self.tape.spill(self.request["body"])},
             "result": None if error is not None else _spill(self.tape, result),
             "error": None if error is None else error_body(error),
-        })
+        }
+        if self.suspend:
+            entry["suspend"] = self.suspend
+        self.tape.commit(self.channel, self.pos, entry)
 
 
 def _wrap(fn: F, channel: str, name: str | None) -> F:
@@ -134,17 +143,35 @@ def _wrap(fn: F, channel: str, name: str | None) -> F:
             tape = current()
             if tape is None:
                 return await fn(*args, **kwargs)
+            if not seam.loop_taped():
+                with tape.shim.paused():
+                    call = _Call(tape, channel, label, args, kwargs)
+                    if tape.mode == "replay":
+                        return call.replayed()
+                    try:
+                        result = await fn(*args, **kwargs)
+                    except Exception as exc:
+                        call.recorded(error=exc)
+                        raise
+                    call.recorded(result)
+                    return result
             with tape.shim.paused():
                 call = _Call(tape, channel, label, args, kwargs)
-                if tape.mode == "replay":
-                    return call.replayed()
-                try:
-                    result = await fn(*args, **kwargs)
-                except Exception as exc:
+            if tape.mode == "replay":
+                with tape.shim.paused():
+                    entry = call.entry()
+                await seam._aioloop().replay_suspensions(tape, entry.get("suspend"))
+                with tape.shim.paused():
+                    return call.replayed(entry)
+            try:
+                result = await seam._aioloop().Drive(tape, fn(*args, **kwargs), call.suspend)
+            except Exception as exc:
+                with tape.shim.paused():
                     call.recorded(error=exc)
-                    raise
+                raise
+            with tape.shim.paused():
                 call.recorded(result)
-                return result
+            return result
         return awrapper  # type: ignore[return-value]
 
     @functools.wraps(fn)

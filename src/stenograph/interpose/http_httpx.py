@@ -7,9 +7,9 @@ the same chunks); replay builds the response from the tape and never connects.
 Bytes are kept as they came off the wire (before content decoding), so the
 client's own decoders run in replay exactly as they did.
 
-Async caveat: the tape is paused for the whole awaited network call, which is
-exact for one request at a time per thread; concurrent tasks that read clocks
-while a request is in flight are reported as incidental drift.
+Async: the real call's steps run paused, its waits do not, and where each wait ended
+is kept with the exchange and reproduced at replay (``interpose.aioloop``), so any
+number of overlapping requests in one loop replay in the recorded interleaving.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def install(mod: ModuleType) -> None:
 
         async def aclose(self) -> None:
             if self.inner is not None:
-                await seam.apassthrough(self.chunks.tape, self.inner.aclose())
+                await seam.apassthrough(self.chunks.tape, self.inner.aclose(),
+                                        "httpx response close")
             self.chunks.close()
 
     def _headers(request: Any) -> list[tuple[str, str]]:
@@ -72,14 +73,15 @@ def install(mod: ModuleType) -> None:
         return {k: v for k, v in extensions.items()
                 if k in ("http_version", "reason_phrase") and isinstance(v, bytes)}
 
-    def _replayed(tape: PyTape, call: seam.Call, request: Any, is_async: bool) -> Any:
+    def _replayed(tape: PyTape, call: seam.Call, request: Any, is_async: bool,
+                  entry: dict[str, Any] | None = None) -> Any:
         def rebuild(err: dict[str, Any]) -> BaseException:
             return _recorded_error(mod, err, request)
 
         def ended(msg: str) -> BaseException:
             return mod.ReadError(msg, request=request)
 
-        rp = call.replayed(rebuild, lambda msg: mod.ConnectError(msg, request=request))
+        rp = call.replayed(rebuild, lambda msg: mod.ConnectError(msg, request=request), entry)
         stream: Any
         if is_async:
             stream = AsyncTapeStream(seam.AsyncChunks(tape, replayed=rp, ended=ended,
@@ -120,12 +122,26 @@ def install(mod: ModuleType) -> None:
         tape = current()
         if tape is None:
             return await orig_async(self, request)
+        if not seam.loop_taped():
+            return await _paused_async(self, tape, request)
+        body = await request.aread()
         with tape.shim.paused():
-            call = _begin(tape, request, await request.aread())
+            call = _begin(tape, request, body)
             if tape.mode == "replay":
-                return _replayed(tape, call, request, is_async=True)
-            with call.sending():
-                resp = await orig_async(self, request)
+                entry = call.take(lambda msg: mod.ConnectError(msg, request=request))
+        if tape.mode == "replay":
+            await seam._aioloop().replay_suspensions(tape, entry.get("suspend", {}).get("head"))
+            with tape.shim.paused():
+                return _replayed(tape, call, request, is_async=True, entry=entry)
+        try:
+            aio = seam._aioloop()
+            resp = await aio.Drive(tape, orig_async(self, request), call.suspend["head"])
+        except Exception as exc:
+            call.failed(exc)
+            raise
+        return _recorded_async(tape, call, request, resp)
+
+    def _recorded_async(tape: PyTape, call: seam.Call, request: Any, resp: Any) -> Any:
         rec = call.received(resp.status_code, list(resp.headers.multi_items()),
                             ext=_ext(resp.extensions))
         it = resp.stream.__aiter__()
@@ -142,6 +158,16 @@ def install(mod: ModuleType) -> None:
                             stream=AsyncTapeStream(chunks, resp.stream),
                             extensions=resp.extensions)
 
+    async def _paused_async(self: Any, tape: PyTape, request: Any) -> Any:
+        """The whole call with the tape paused across its awaits (no ``--asyncio``)."""
+        with tape.shim.paused():
+            call = _begin(tape, request, await request.aread())
+            if tape.mode == "replay":
+                return _replayed(tape, call, request, is_async=True)
+            with call.sending():
+                resp = await orig_async(self, request)
+        return _recorded_async(tape, call, request, resp)
+
     orig_close, orig_aclose = sync_t.close, async_t.aclose
 
     def close(self: Any) -> None:
@@ -151,14 +177,12 @@ def install(mod: ModuleType) -> None:
         return seam.passthrough(tape, orig_close, self)
 
     async def aclose(self: Any) -> None:
-        # Closing the pool closes the connections record opened and replay never did (an
-        # async close also runs event-loop iterations that read clocks): off the tape.
+        # Closing the pool closes the connections record opened and replay never did:
+        # replay only waits the way the recorded close did.
         tape = current()
         if tape is None:
             return await orig_aclose(self)
-        if tape.mode == "replay":
-            return None
-        return await seam.apassthrough(tape, orig_aclose(self))
+        await seam.apassthrough(tape, orig_aclose(self), "httpx transport close")
 
     handle_request._stenograph = True  # type: ignore[attr-defined]
     handle_async_request._stenograph = True  # type: ignore[attr-defined]

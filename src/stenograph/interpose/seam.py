@@ -16,6 +16,11 @@ the tape logic is made once:
   recorded boundaries (replay), so the library code above runs the same in both;
 * ``passthrough`` / ``apassthrough``: the library's own work run with the C
   shim's tape paused (replay never does it, so it must not be on the tape).
+
+An async call never keeps the tape paused across an await: its steps run paused, its
+suspensions do not (other tasks of the loop run, taped, meanwhile), and where each
+suspension ended is recorded with the entry (``suspend``) and reproduced at replay
+(``interpose.aioloop``), so the loop's tasks wake in the recorded order.
 """
 
 from __future__ import annotations
@@ -38,6 +43,29 @@ from stenograph.interpose.pytape import PyTape, ReplayExhausted
 
 T = TypeVar("T")
 
+
+_LOOP_TAPED: bool | None = None
+
+
+def loop_taped() -> bool:
+    """Whether asyncio loops are on the tape (``stenograph record --asyncio``, kept in the
+    recording so its replay agrees). Without it an async hooked call keeps the tape
+    paused across its awaits, which is exact for one request at a time per thread."""
+    global _LOOP_TAPED
+    if _LOOP_TAPED is None:
+        from stenograph.interpose.pytape import getenv
+
+        _LOOP_TAPED = getenv("STENO_ASYNCIO") == "1"
+    return _LOOP_TAPED
+
+
+def _aioloop() -> Any:
+    """interpose.aioloop, imported on first use: it imports asyncio, which a program that
+    only uses sync clients must not pay for (nor have its import order changed)."""
+    from stenograph.interpose import aioloop
+
+    return aioloop
+
 Rebuild = Callable[[dict[str, Any]], BaseException]
 """A recorded error (``error_body``) back as the library's exception."""
 
@@ -51,10 +79,39 @@ def passthrough(tape: PyTape, fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
 
 
-async def apassthrough(tape: PyTape, aw: Awaitable[T]) -> T:
-    """The async twin of ``passthrough``."""
+async def apassthrough(tape: PyTape, aw: Awaitable[T], what: str, *,
+                       at_replay: bool = False) -> T | None:
+    """The async twin of ``passthrough``, for the library's own closes: record runs ``aw``
+    (steps paused, suspensions not) and keeps how its suspensions ended on the ``await``
+    channel; replay suspends the same way, and runs ``aw`` too when ``at_replay`` (a
+    close whose effect the program sees, e.g. ``session.closed``) without waiting on it."""
+    if not loop_taped():
+        if tape.mode == "replay" and not at_replay:
+            close = getattr(aw, "close", None)  # never started: closed quietly
+            if close is not None:
+                close()
+            return None
+        with tape.shim.paused():
+            return await aw
     with tape.shim.paused():
-        return await aw
+        pos = tape.begin("await")
+        match = {"method": "AWAIT", "url": what, "body": b""}
+    if tape.mode == "record":
+        log: list[Any] = []
+        try:
+            return await _aioloop().Drive(tape, aw, log)
+        finally:
+            with tape.shim.paused():
+                tape.commit("await", pos, {"fingerprint": what, "request": match,
+                                           "suspend": log})
+    with tape.shim.paused():
+        try:
+            entry = tape.take("await", pos, match, what)
+        except ReplayExhausted:
+            entry = {}
+    result = _aioloop().run_now(tape, aw) if at_replay else _aioloop().discard(aw)
+    await _aioloop().replay_suspensions(tape, entry.get("suspend"))
+    return result
 
 
 def rebuild_error(err: dict[str, Any], modules: tuple[str, ...],
@@ -86,6 +143,7 @@ class Replayed:
     chunks: list[bytes]
     complete: bool
     error: dict[str, Any] | None
+    suspend: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -136,17 +194,27 @@ class Call:
         self.channel = classify(url)
         self.pos = tape.begin(self.channel)
         self.request, self.match, self.fp = describe(tape, method, url, headers, body)
+        self.suspend: dict[str, list[Any]] = {"head": [], "chunks": []}
 
     def commit(self, response: dict[str, Any] | None, error: dict[str, Any] | None) -> None:
-        self.tape.commit(self.channel, self.pos, {"fingerprint": self.fp, "request": self.request,
-                                                  "response": response, "error": error})
+        entry = {"fingerprint": self.fp, "request": self.request, "response": response,
+                 "error": error}
+        if self.suspend["head"] or self.suspend["chunks"]:
+            entry["suspend"] = self.suspend
+        self.tape.commit(self.channel, self.pos, entry)
 
-    def replayed(self, rebuild: Rebuild, exhausted: Callable[[str], BaseException]) -> Replayed:
-        """The recorded answer; a recorded connection error is raised as ``rebuild`` says."""
+    def take(self, exhausted: Callable[[str], BaseException]) -> dict[str, Any]:
+        """The recorded entry (replay), or the library's own connection error."""
         try:
-            entry = self.tape.take(self.channel, self.pos, self.match, self.fp)
+            return self.tape.take(self.channel, self.pos, self.match, self.fp)
         except ReplayExhausted as exc:
             raise exhausted(str(exc)) from None
+
+    def replayed(self, rebuild: Rebuild, exhausted: Callable[[str], BaseException],
+                 entry: dict[str, Any] | None = None) -> Replayed:
+        """The recorded answer; a recorded connection error is raised as ``rebuild`` says."""
+        if entry is None:
+            entry = self.take(exhausted)
         resp = entry.get("response")
         if resp is None:
             raise rebuild(entry["error"])
@@ -155,6 +223,7 @@ class Call:
             ext=dict(resp.get("ext") or {}),
             chunks=split_chunks(self.tape.resolve(resp["body"]), resp["chunks"]),
             complete=resp.get("complete", True), error=entry.get("error"),
+            suspend=dict(entry.get("suspend") or {}),
         )
 
     def failed(self, exc: BaseException) -> None:
@@ -302,15 +371,48 @@ class Chunks(_Source):
 
 
 class AsyncChunks(_Source):
-    """The async twin of ``Chunks`` (``pull`` is awaited)."""
+    """The async twin of ``Chunks`` (``pull`` is awaited). How the waits for each chunk
+    ended is kept per chunk handed to the program (record) and reproduced before it is
+    handed over again (replay)."""
 
     def __init__(self, tape: PyTape, *, pull: Callable[[], Awaitable[tuple[bytes, bool]]]
                  | None = None, body: Body | None = None, replayed: Replayed | None = None,
                  ended: Callable[[str], BaseException], rebuild: Rebuild) -> None:
         super().__init__(tape, body, replayed, ended, rebuild)
         self.pull = pull
+        self.handed = 0
 
     async def next(self) -> bytes | None:
+        if not loop_taped():
+            return await self._next_paused()
+        if self.replayed is not None:
+            groups = self.replayed.suspend.get("chunks") or []
+            k, self.handed = self.handed, self.handed + 1
+            if not self.eof and k < len(groups):
+                await _aioloop().replay_suspensions(self.tape, groups[k])
+        log: list[Any] = []
+        while True:
+            if self.eof:
+                return None
+            if self.replayed is not None:
+                return self._replay_next()
+            assert self.pull is not None and self.body is not None
+            try:
+                chunk, last = await _aioloop().Drive(self.tape, self.pull(), log)
+            except Exception as exc:
+                with self.tape.shim.paused():
+                    self.eof = True
+                    self.body.call.suspend["chunks"].append(log)
+                    self.body.broke(exc)
+                raise
+            with self.tape.shim.paused():
+                if chunk or last:
+                    self.body.call.suspend["chunks"].append(log)
+                self._took(chunk, last)
+            if chunk:
+                return chunk
+
+    async def _next_paused(self) -> bytes | None:
         while True:
             if self.eof:
                 return None

@@ -50,6 +50,7 @@ OP_NAMES = {
     (4, 11): "getpgid", (4, 12): "getsid", (4, 13): "exit",
     (5, 1): "nanosleep", (5, 2): "clock_nanosleep",
     (5, 3): "sleep", (5, 4): "usleep", (5, 5): "poll", (5, 6): "select", (5, 7): "epoll_wait",
+    (5, 8): "asyncio loop tick",
     (6, 1): "read(pipe)", (6, 2): "poll(pipes)", (6, 3): "waitpid(WNOHANG)",
     (7, 1): "thread start", (7, 2): "mutex wait", (7, 3): "condition wait",
     (7, 4): "semaphore wait", (7, 5): "after sleep", (7, 6): "after I/O wait",
