@@ -29,6 +29,7 @@ bench: $(STAMP)
 	    (apt-get install -y faketime >/dev/null 2>&1 || \
 	     (apt-get update >/dev/null && apt-get install -y faketime >/dev/null))
 	$(BIN)/python bench/shim.py
+	$(BIN)/python bench/agent_run.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
