@@ -3,9 +3,9 @@
 Each agent in ``examples/frameworks/`` is written the way its framework's quick-start
 writes it and talks to the loopback ``ModelServer`` through ``OPENAI_BASE_URL``. A test
 records it with the real CLI, stops the server (so a replay that reached for the
-network would fail; replay refuses networking anyway), then replays the recording
-three times: one replay can be lucky, three that agree say the tape, not the
-scheduler, decided the run.
+network would fail; replay refuses networking anyway), then replays the recording:
+a framework that replays is recorded three times and each recording replayed ten
+times (the scheduler differs every time: one replay can be lucky).
 
 A framework that does not replay today keeps its test, marked
 ``xfail(strict=True)`` with the divergence measured, so the day the shim learns to
@@ -40,8 +40,15 @@ class Framework:
     script: str = "script.json"
 
 
-def _record_and_replay(fw: Framework, tmp_path: Path) -> None:
+def _record_and_replay(fw: Framework, tmp_path: Path, recordings: int = 1,
+                       replays: int = REPLAYS) -> None:
+    for r in range(recordings):
+        _one_recording(fw, tmp_path / f"rec{r}", replays)
+
+
+def _one_recording(fw: Framework, tmp_path: Path, replays: int) -> None:
     pytest.importorskip(fw.module)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     steno = tmp_path / "run.steno"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "STENO_"))}
     with ModelServer(script=AGENTS / fw.script) as srv:
@@ -59,18 +66,18 @@ def _record_and_replay(fw: Framework, tmp_path: Path) -> None:
     assert b"final: " in rec.stdout, rec.stdout.decode(errors="replace")
     assert served >= 2, "a tool call round trip is two model requests"
     del env["OPENAI_API_KEY"]
-    for i in range(REPLAYS):
+    for i in range(replays):
         rep = subprocess.run(
             [*CLI, "replay", str(steno)], cwd=ROOT, env=env, capture_output=True, timeout=TIMEOUT
         )
         err = rep.stderr.decode(errors="replace")
-        assert rep.returncode == 0, f"replay {i + 1}/{REPLAYS}: {err[-3000:]}"
-        assert "replay bit-identical" in err, f"replay {i + 1}/{REPLAYS}: {err[-3000:]}"
+        assert rep.returncode == 0, f"replay {i + 1}/{replays}: {err[-3000:]}"
+        assert "replay bit-identical" in err, f"replay {i + 1}/{replays}: {err[-3000:]}"
         assert rep.stdout == rec.stdout
 
 
 def test_langgraph(tmp_path: Path) -> None:
-    _record_and_replay(Framework("langgraph", "langgraph_agent.py"), tmp_path)
+    _record_and_replay(Framework("langgraph", "langgraph_agent.py"), tmp_path, 3, 10)
 
 
 @pytest.mark.xfail(
@@ -96,10 +103,10 @@ def test_litellm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # importorskip imports litellm here too: without this it fetches its price list
     # from GitHub at import (retrying with sleeps, as there is no network)
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    _record_and_replay(Framework("litellm", "litellm_agent.py"), tmp_path)
+    _record_and_replay(Framework("litellm", "litellm_agent.py"), tmp_path, 3, 10)
 
 
 def test_smolagents(tmp_path: Path) -> None:
     _record_and_replay(
-        Framework("smolagents", "smolagents_agent.py", "smolagents_script.json"), tmp_path
-    )
+        Framework("smolagents", "smolagents_agent.py", "smolagents_script.json"), tmp_path,
+        3, 10)
