@@ -7,7 +7,7 @@
 #ifndef STENO_SHIM_H
 #define STENO_SHIM_H
 
-#define STENO_PROTOCOL 1
+#define STENO_PROTOCOL 2 /* 2: sched, meta, signal channels; pid, exit and interface ops; loop ticks */
 
 #define STENO_MAGIC "STP1" /* first 4 bytes of every message */
 
