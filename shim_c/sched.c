@@ -129,6 +129,27 @@ static void sched_report(tls_t *t, const char *what, uint32_t grant, int op) {
     if (g_reports++ < 500) append_report(line, (size_t)(p - line));
 }
 
+/* Record: tell the recorder a stall was broken (a line in the directory of its socket),
+ * so `stenograph record` can say at once that this recording will not replay past it. */
+static void note_stall(tls_t *t, uint32_t grant, int holder) {
+    char path[160], line[512];
+    size_t n = s_len(g_sockpath);
+    while (n && g_sockpath[n - 1] != '/') n--;
+    if (!n || n > 100) return;
+    memcpy(path, g_sockpath, n);
+    memcpy(path + n, "stalls", 7);
+    char *p = line, *end = line + sizeof line - 2;
+    p = s_put(p, end, "proc="); p = s_put(p, end, g_proc);
+    p = s_put(p, end, "\tthread="); p = u_put(p, end, t->tindex);
+    p = s_put(p, end, "\tholder="); p = u_put(p, end, (unsigned)holder);
+    p = s_put(p, end, "\tturn="); p = u_put(p, end, grant);
+    *p++ = '\n';
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (is_err(fd)) return;
+    RS3(SYS_write, fd, line, p - line);
+    RS1(SYS_close, fd);
+}
+
 /* Record: take the baton (whoever asks first), breaking a stall; return the grant
  * number, or -1 once the schedule is broken (the caller then runs unscheduled). */
 static int64_t take_record(tls_t *t, int op) {
@@ -162,9 +183,10 @@ static int64_t take_record(tls_t *t, int op) {
             int zero = 0;
             if (__atomic_compare_exchange_n(&S.broken, &zero, 1, 0, __ATOMIC_ACQ_REL,
                                             __ATOMIC_ACQUIRE)) {
-                schedrec_t r = {(uint32_t)(__atomic_load_n(&S.state, __ATOMIC_ACQUIRE) >> 32),
-                                SCHED_STOLEN};
+                uint64_t st_now = __atomic_load_n(&S.state, __ATOMIC_ACQUIRE);
+                schedrec_t r = {(uint32_t)(st_now >> 32), SCHED_STOLEN};
                 rec(t, CH_SCHED, op, &r, sizeof r);
+                note_stall(t, r.grant, (int)(uint32_t)st_now - 1);
                 __atomic_add_fetch(&S.word, 1, __ATOMIC_SEQ_CST);
                 futex_wake_all(&S.word);
             }

@@ -99,6 +99,10 @@ def test_busy_wait_does_not_hang_record_and_replay_stops_where_it_broke(
     steno, out, took = _record(tmp_path, [PY, str(PROGRAMS / "busy_wait.py")], "busy")
     assert out.startswith(b"spun True")
     assert took < 30
+    warn = subprocess.run([*CLI, "record", "-o", str(tmp_path / "busy2.steno"), "--", PY,
+                           str(PROGRAMS / "busy_wait.py")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120).stderr
+    assert "stenograph: warning: process 0 thread" in warn and "will stop at turn" in warn, warn
     code, rep = _replay(tmp_path, steno)
     assert code == 1
     sched = [d for d in rep["divergences"] if d["channel"] == "sched"]

@@ -176,6 +176,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
                 flusher.close()
                 exchanges.close()
                 stats = session.close()
+            stalls = _stalls(Path(session.sock_path).parent / "stalls")
             store.append(traj, "RunEnded", {
                 "status": result.status,
                 "stdout_sha256": result.stdout_sha256,
@@ -186,6 +187,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
                 "errors": (stats.errors + exchanges.errors)[:20],
                 # names the run created in /tmp, /var/tmp, $TMPDIR: hidden at replay
                 "tmp_created": created_names(tmp_before, listing(list(tmp_before))),
+                "stalls": stalls,
             })
         from stenograph.recorder.trajfile import export_trajectory
 
@@ -196,9 +198,26 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
             f"stenograph: recorded {traj}: exit {result.status}, {stats.chunks} tape chunks "
             f"from {len(stats.procs)} process(es), {exchanges.count} exchanges -> {out}",
             err=True)
+        for s in stalls:
+            click.echo(
+                f"stenograph: warning: process {s.get('proc')} thread {s.get('thread')} waited "
+                f"past the stall limit while thread {s.get('holder')} held the tape's scheduler "
+                "without blocking (a busy-wait, or a blocking call the shim does not see): the "
+                f"rest of that process ran unscheduled, and its replay will stop at turn "
+                f"{s.get('turn')}", err=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     sys.exit(_exit_code(result.status))
+
+
+def _stalls(path: Path) -> list[dict[str, str]]:
+    """The stalls the shim broke while recording (sched.c ``note_stall``), one per line."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [dict(f.split("=", 1) for f in line.split("\t") if "=" in f)
+            for line in text.splitlines()][:20]
 
 
 def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[str, bytes]]:
