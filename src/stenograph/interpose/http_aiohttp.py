@@ -82,37 +82,30 @@ def install(client: ModuleType) -> None:
                 return await _taped_paused(tape, self, method, str_or_url, kwargs)
         return await _taped(tape, self, method, str_or_url, kwargs)
 
-    async def _taped(tape: PyTape, session: Any, method: str, str_or_url: Any,
-                     kwargs: dict[str, Any]) -> Any:
-        with tape.shim.paused():
-            url = compat.session_url(session, str_or_url)
-            if kwargs.get("params"):
-                url = url.extend_query(kwargs["params"])
-            hdrs = CIMultiDict({**dict(session.headers), **dict(kwargs.get("headers") or {})})
-            call = seam.begin(tape, method, str(url),
-                              [(str(k), str(v)) for k, v in hdrs.items()], _body_of(kwargs))
-            if tape.mode == "replay":
-                entry = call.take(aiohttp.ClientConnectionError)
-        if tape.mode == "replay":
-            await seam._aioloop().replay_suspensions(tape, entry.get("suspend", {}).get("head"))
-            with tape.shim.paused():
-                rp = call.replayed(_error, aiohttp.ClientConnectionError, entry)
-                resp = compat.new_response(aiohttp, session, method.upper(), URL(str(url)),
-                                           hdrs)
-                compat.set_head(aiohttp, resp, rp.status, rp.reason, rp.headers)
-                chunks = seam.AsyncChunks(tape, replayed=rp, ended=aiohttp.ClientPayloadError,
-                                          rebuild=_body_error)
-                compat.set_content(resp, _reader(session, chunks))
-                rfs = kwargs.get("raise_for_status")
-                if rfs or (rfs is None and compat.session_raises_for_status(session) is True):
-                    resp.raise_for_status()
-                return resp
-        try:
-            resp = await seam._aioloop().Drive(tape, orig(session, method, str_or_url, **kwargs),
-                                       call.suspend["head"])
-        except Exception as exc:
-            call.failed(exc)
-            raise
+    def _begin(tape: PyTape, session: Any, method: str, str_or_url: Any,
+               kwargs: dict[str, Any]) -> tuple[Any, Any, seam.Call]:
+        url = compat.session_url(session, str_or_url)
+        if kwargs.get("params"):
+            url = url.extend_query(kwargs["params"])
+        hdrs = CIMultiDict({**dict(session.headers), **dict(kwargs.get("headers") or {})})
+        call = seam.begin(tape, method, str(url), [(str(k), str(v)) for k, v in hdrs.items()],
+                          _body_of(kwargs))
+        return url, hdrs, call
+
+    def _replayed(tape: PyTape, session: Any, method: str, url: Any, hdrs: Any,
+                  call: seam.Call, kwargs: dict[str, Any], entry: dict[str, Any] | None) -> Any:
+        rp = call.replayed(_error, aiohttp.ClientConnectionError, entry)
+        resp = compat.new_response(aiohttp, session, method.upper(), URL(str(url)), hdrs)
+        compat.set_head(aiohttp, resp, rp.status, rp.reason, rp.headers)
+        chunks = seam.AsyncChunks(tape, replayed=rp, ended=aiohttp.ClientPayloadError,
+                                  rebuild=_body_error)
+        compat.set_content(resp, _reader(session, chunks))
+        rfs = kwargs.get("raise_for_status")
+        if rfs or (rfs is None and compat.session_raises_for_status(session) is True):
+            resp.raise_for_status()
+        return resp
+
+    async def _recorded(tape: PyTape, session: Any, call: seam.Call, resp: Any) -> Any:
         real = resp.content
         with tape.shim.paused():
             rec = call.received(resp.status, list(resp.headers.items()), reason=resp.reason)
@@ -129,40 +122,32 @@ def install(client: ModuleType) -> None:
             await chunks.next()
         return resp
 
-    async def _taped_paused(tape: PyTape, session: Any, method: str, str_or_url: Any,
+    async def _taped(tape: PyTape, session: Any, method: str, str_or_url: Any,
                      kwargs: dict[str, Any]) -> Any:
-        url = compat.session_url(session, str_or_url)
-        if kwargs.get("params"):
-            url = url.extend_query(kwargs["params"])
-        hdrs = CIMultiDict({**dict(session.headers), **dict(kwargs.get("headers") or {})})
-        call = seam.begin(tape, method, str(url), [(str(k), str(v)) for k, v in hdrs.items()],
-                          _body_of(kwargs))
+        with tape.shim.paused():
+            url, hdrs, call = _begin(tape, session, method, str_or_url, kwargs)
+            if tape.mode == "replay":
+                entry = call.take(aiohttp.ClientConnectionError)
         if tape.mode == "replay":
-            rp = call.replayed(_error, aiohttp.ClientConnectionError)
-            resp = compat.new_response(aiohttp, session, method.upper(), URL(str(url)), hdrs)
-            compat.set_head(aiohttp, resp, rp.status, rp.reason, rp.headers)
-            chunks = seam.AsyncChunks(tape, replayed=rp, ended=aiohttp.ClientPayloadError,
-                                      rebuild=_body_error)
-            compat.set_content(resp, _reader(session, chunks))
-            rfs = kwargs.get("raise_for_status")
-            if rfs or (rfs is None and compat.session_raises_for_status(session) is True):
-                resp.raise_for_status()
-            return resp
+            await seam._aioloop().replay_suspensions(tape, entry.get("suspend", {}).get("head"))
+            with tape.shim.paused():
+                return _replayed(tape, session, method, url, hdrs, call, kwargs, entry)
+        try:
+            resp = await seam._aioloop().Drive(tape, orig(session, method, str_or_url, **kwargs),
+                                               call.suspend["head"])
+        except Exception as exc:
+            call.failed(exc)
+            raise
+        return await _recorded(tape, session, call, resp)
+
+    async def _taped_paused(tape: PyTape, session: Any, method: str, str_or_url: Any,
+                            kwargs: dict[str, Any]) -> Any:
+        url, hdrs, call = _begin(tape, session, method, str_or_url, kwargs)
+        if tape.mode == "replay":
+            return _replayed(tape, session, method, url, hdrs, call, kwargs, None)
         with call.sending():
             resp = await orig(session, method, str_or_url, **kwargs)
-        real = resp.content
-        rec = call.received(resp.status, list(resp.headers.items()), reason=resp.reason)
-
-        async def pull() -> tuple[bytes, bool]:
-            data = await real.readany()
-            return data, not data or real.at_eof()
-
-        chunks = seam.AsyncChunks(tape, pull=pull, body=rec, ended=aiohttp.ClientPayloadError,
-                                  rebuild=_body_error)
-        compat.set_content(resp, _reader(session, chunks))
-        if real.at_eof():
-            await chunks.next()
-        return resp
+        return await _recorded(tape, session, call, resp)
 
     orig_close = cls.close
 

@@ -383,9 +383,8 @@ class AsyncChunks(_Source):
         self.handed = 0
 
     async def next(self) -> bytes | None:
-        if not loop_taped():
-            return await self._next_paused()
-        if self.replayed is not None:
+        taped = loop_taped()
+        if taped and self.replayed is not None:
             groups = self.replayed.suspend.get("chunks") or []
             k, self.handed = self.handed, self.handed + 1
             if not self.eof and k < len(groups):
@@ -398,34 +397,21 @@ class AsyncChunks(_Source):
                 return self._replay_next()
             assert self.pull is not None and self.body is not None
             try:
-                chunk, last = await _aioloop().Drive(self.tape, self.pull(), log)
+                if taped:
+                    chunk, last = await _aioloop().Drive(self.tape, self.pull(), log)
+                else:
+                    with self.tape.shim.paused():
+                        chunk, last = await self.pull()
             except Exception as exc:
                 with self.tape.shim.paused():
                     self.eof = True
-                    self.body.call.suspend["chunks"].append(log)
+                    if taped:
+                        self.body.call.suspend["chunks"].append(log)
                     self.body.broke(exc)
                 raise
             with self.tape.shim.paused():
-                if chunk or last:
+                if taped and (chunk or last):
                     self.body.call.suspend["chunks"].append(log)
-                self._took(chunk, last)
-            if chunk:
-                return chunk
-
-    async def _next_paused(self) -> bytes | None:
-        while True:
-            if self.eof:
-                return None
-            if self.replayed is not None:
-                return self._replay_next()
-            assert self.pull is not None and self.body is not None
-            with self.tape.shim.paused():
-                try:
-                    chunk, last = await self.pull()
-                except Exception as exc:
-                    self.eof = True
-                    self.body.broke(exc)
-                    raise
                 self._took(chunk, last)
             if chunk:
                 return chunk
