@@ -160,30 +160,30 @@ static void before_exec(void) {
     T.guard--;
 }
 
-EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
-    RESOLVE(execve);
-    if (!g_mode) return real_execve(path, argv, envp);
+typedef int (*exec_fn)(const char *, char *const[], char *const[]);
+
+/* exec with the shim's variables in the new image's environment, buffers shipped first. */
+static int exec_taped(exec_fn real, const char *file, char *const argv[], char *const envp[]) {
     size_t ml = 0;
     char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
     before_exec();
-    int r = real_execve(path, argv, env ? env : envp);
+    int r = real(file, argv, env ? env : envp);
     int e = errno;
     if (env) shim_unmap(env, ml);
     errno = e;
     return r;
 }
 
+EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
+    RESOLVE(execve);
+    if (!g_mode) return real_execve(path, argv, envp);
+    return exec_taped(real_execve, path, argv, envp);
+}
+
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
     RESOLVE(execvpe);
     if (!g_mode) return real_execvpe(file, argv, envp);
-    size_t ml = 0;
-    char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
-    before_exec();
-    int r = real_execvpe(file, argv, env ? env : envp);
-    int e = errno;
-    if (env) shim_unmap(env, ml);
-    errno = e;
-    return r;
+    return exec_taped(real_execvpe, file, argv, envp);
 }
 
 EXPORT int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }
