@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import steno_cli
+
 PY = os.path.realpath(sys.executable)
 CLI = [sys.executable, "-m", "stenograph"]
 REPLAYS = 3
@@ -40,18 +42,11 @@ os.unlink("f.txt")
 
 def _record(tmp: Path, argv: list[str]) -> tuple[Path, bytes]:
     out = tmp / "rec.steno"
-    p = subprocess.run([*CLI, "record", "-o", str(out), "--", *argv], cwd=tmp / "work",
-                       capture_output=True, timeout=120)
-    assert p.returncode == 0, p.stderr.decode(errors="replace")
-    return out, p.stdout
-
+    return out, steno_cli.record(out, argv, tmp / "work").stdout
 
 def _replay(tmp: Path, steno: Path) -> dict:
-    p = subprocess.run([*CLI, "replay", str(steno), "--json"], cwd=tmp / "work",
-                       capture_output=True, timeout=120)
-    assert p.stdout, p.stderr.decode(errors="replace")
-    rep = json.loads(p.stdout.decode().splitlines()[-1])
-    assert p.returncode == 0, rep
+    code, rep = steno_cli.replay_json(steno, tmp / "work")
+    assert code == 0, rep
     assert rep["divergences"] == [], rep["divergences"]
     assert rep["identical"] == {"stdout": True, "stderr": True, "exit_status": True}, rep
     return rep

@@ -12,7 +12,6 @@ would differ. Each program is recorded once and replayed three times.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import steno_cli
 
 PY = os.path.realpath(sys.executable)
 CLI = [sys.executable, "-m", "stenograph"]
@@ -94,18 +94,12 @@ def _record(tmp: Path, argv: list[str], name: str) -> tuple[Path, bytes]:
     out = tmp / f"{name}.steno"
     work = tmp / "work"
     work.mkdir(exist_ok=True)
-    p = subprocess.run([*CLI, "record", "-o", str(out), "--", *argv], cwd=work,
-                       capture_output=True, timeout=120)
-    assert p.returncode == 0, p.stderr.decode(errors="replace")
-    return out, p.stdout
+    return out, steno_cli.record(out, argv, work).stdout
 
 
 def _replay(tmp: Path, steno: Path) -> dict:
-    p = subprocess.run([*CLI, "replay", str(steno), "--json"], cwd=tmp / "work",
-                       capture_output=True, timeout=120)
-    assert p.stdout, p.stderr.decode(errors="replace")
-    rep = json.loads(p.stdout.decode().splitlines()[-1])
-    assert p.returncode == 0, rep
+    code, rep = steno_cli.replay_json(steno, tmp / "work")
+    assert code == 0, rep
     return rep
 
 

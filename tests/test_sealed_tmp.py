@@ -10,17 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import steno_cli
+
 PY = os.path.realpath(sys.executable)
 CLI = [sys.executable, "-m", "stenograph"]
 
 
 def _record(tmp: Path, argv: list[str], name: str) -> tuple[Path, bytes]:
     out = tmp / f"{name}.steno"
-    p = subprocess.run([*CLI, "record", "-o", str(out), "--", *argv], cwd=tmp,
-                       capture_output=True, timeout=120)
-    assert p.returncode == 0, p.stderr.decode(errors="replace")
-    return out, p.stdout
-
+    return out, steno_cli.record(out, argv, tmp).stdout
 
 def _replay(tmp: Path, steno: Path, *extra: str) -> tuple[dict, subprocess.CompletedProcess]:
     p = subprocess.run([*CLI, "replay", str(steno), "--json", *extra], cwd=tmp,

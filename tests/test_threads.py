@@ -10,7 +10,6 @@ condition variable, and coreutils ``sort --parallel``.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import steno_cli
 
 PY = os.path.realpath(sys.executable)
 CLI = [sys.executable, "-m", "stenograph"]
@@ -30,20 +30,11 @@ REPLAYS = 10
 def _record(tmp: Path, argv: list[str], name: str) -> tuple[Path, bytes, float]:
     out = tmp / f"{name}.steno"
     t0 = time.monotonic()
-    p = subprocess.run([*CLI, "record", "-o", str(out), "--", *argv], cwd=tmp,
-                       capture_output=True, timeout=120)
-    took = time.monotonic() - t0
-    assert p.returncode == 0, p.stderr.decode(errors="replace")
-    assert out.exists()
-    return out, p.stdout, took
-
+    p = steno_cli.record(out, argv, tmp)
+    return out, p.stdout, time.monotonic() - t0
 
 def _replay(tmp: Path, steno: Path) -> tuple[int, dict]:
-    p = subprocess.run([*CLI, "replay", str(steno), "--json"], cwd=tmp, capture_output=True,
-                       timeout=120)
-    assert p.stdout, p.stderr.decode(errors="replace")
-    return p.returncode, json.loads(p.stdout.decode().splitlines()[-1])
-
+    return steno_cli.replay_json(steno, tmp)
 
 def _replays_identically(tmp: Path, argv: list[str]) -> list[bytes]:
     outputs = []

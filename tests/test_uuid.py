@@ -8,7 +8,6 @@ replay gets the directory back as it was when the recording started."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import steno_cli
 
 PY = os.path.realpath(sys.executable)
 CLI = [sys.executable, "-m", "stenograph"]
@@ -23,18 +23,10 @@ CLI = [sys.executable, "-m", "stenograph"]
 
 def _record(tmp: Path, argv: list[str], name: str) -> tuple[Path, bytes]:
     out = tmp / f"{name}.steno"
-    p = subprocess.run([*CLI, "record", "-o", str(out), "--", *argv], cwd=tmp,
-                       capture_output=True, timeout=120)
-    assert p.returncode == 0, p.stderr.decode(errors="replace")
-    return out, p.stdout
-
+    return out, steno_cli.record(out, argv, tmp).stdout
 
 def _replay(tmp: Path, steno: Path, *extra: str) -> dict:
-    p = subprocess.run([*CLI, "replay", str(steno), "--json", *extra], cwd=tmp,
-                       capture_output=True, timeout=120)
-    assert p.stdout, p.stderr.decode(errors="replace")
-    return json.loads(p.stdout.decode().splitlines()[-1])
-
+    return steno_cli.replay_json(steno, tmp, *extra)[1]
 
 def _replays_identically(tmp: Path, argv: list[str], name: str) -> list[bytes]:
     outs = []
