@@ -12,7 +12,9 @@ static inline void rec_clock(tls_t *t, int op, const clockrec_t *r) {
         spin_lock(&b->lock);
         if (LIKELY(b->len + 8 + sizeof *r <= BUFCAP)) {
             unsigned char *w = b->data + b->len;
-            uint32_t head = (uint32_t)CH_CLOCK | (uint32_t)op << 8, n = sizeof *r;
+            uint32_t head = (uint32_t)CH_CLOCK | (uint32_t)op << 8 | (uint32_t)t->site << 16;
+            uint32_t n = sizeof *r;
+            t->site = 0;
             memcpy(w, &head, 4);
             memcpy(w + 4, &n, 4);
             memcpy(w + 8, r, sizeof *r);
@@ -33,10 +35,11 @@ static inline void rec_clock(tls_t *t, int op, const clockrec_t *r) {
  * once (or never) and change how often the program reads its clocks. */
 static int64_t g_served_ns[16];
 
-EXPORT int clock_gettime(clockid_t id, struct timespec *ts) {
+static inline int clock_gettime_at(uint16_t site, clockid_t id, struct timespec *ts) {
     if (UNLIKELY(!real_clock_gettime)) RESOLVE(clock_gettime);
     if (!CLOCK_ACTIVE()) return real_clock_gettime(id, ts);
     tls_t *t = me();
+    t->site = site;
     int32_t arg = (int32_t)id;
     if (g_mode == MODE_REPLAY) {
         uint32_t n;
@@ -57,11 +60,17 @@ EXPORT int clock_gettime(clockid_t id, struct timespec *ts) {
     rec_clock(t, OP_CLOCK_GETTIME, &r);
     return rc;
 }
-EXPORT int __clock_gettime(clockid_t id, struct timespec *ts) { return clock_gettime(id, ts); }
+EXPORT int clock_gettime(clockid_t id, struct timespec *ts) {
+    return clock_gettime_at(CALL_SITE(), id, ts);
+}
+EXPORT int __clock_gettime(clockid_t id, struct timespec *ts) {
+    return clock_gettime_at(CALL_SITE(), id, ts);
+}
 
 /* Shared path for the clock ops that are not clock_gettime. */
-static int clock_other(int op, int32_t arg, int64_t *a, int64_t *b, int *served) {
+static int clock_other(uint16_t site, int op, int32_t arg, int64_t *a, int64_t *b, int *served) {
     tls_t *t = me();
+    t->site = site;
     *served = 0;
     if (g_mode == MODE_REPLAY) {
         uint32_t n;
@@ -79,9 +88,11 @@ static int clock_other(int op, int32_t arg, int64_t *a, int64_t *b, int *served)
     return 0;
 }
 
-static void clock_rec(int op, int32_t arg, int32_t rc, int64_t a, int64_t b) {
+static void clock_rec(uint16_t site, int op, int32_t arg, int32_t rc, int64_t a, int64_t b) {
     clockrec_t r = {arg, rc, a, b};
-    rec(me(), CH_CLOCK, op, &r, sizeof r);
+    tls_t *t = me();
+    t->site = site;
+    rec(t, CH_CLOCK, op, &r, sizeof r);
 }
 
 EXPORT int gettimeofday(struct timeval *tv, void *tz) {
@@ -89,7 +100,7 @@ EXPORT int gettimeofday(struct timeval *tv, void *tz) {
     if (!CLOCK_ACTIVE() || (void *)tv == g_null) return real_gettimeofday(tv, tz);
     int64_t a = 0, b = 0;
     int served;
-    int rc = clock_other(OP_GETTIMEOFDAY, 0, &a, &b, &served);
+    int rc = clock_other(CALL_SITE(), OP_GETTIMEOFDAY, 0, &a, &b, &served);
     if (served) {
         if (tz) memset(tz, 0, sizeof(struct timezone));
         if (rc) { errno = -rc; return -1; }
@@ -98,7 +109,7 @@ EXPORT int gettimeofday(struct timeval *tv, void *tz) {
         return 0;
     }
     int r = real_gettimeofday(tv, tz);
-    if (g_mode == MODE_RECORD) clock_rec(OP_GETTIMEOFDAY, 0, r ? -errno : 0, tv->tv_sec, tv->tv_usec);
+    if (g_mode == MODE_RECORD) clock_rec(CALL_SITE(), OP_GETTIMEOFDAY, 0, r ? -errno : 0, tv->tv_sec, tv->tv_usec);
     return r;
 }
 
@@ -107,13 +118,13 @@ EXPORT time_t time(time_t *out) {
     if (!CLOCK_ACTIVE()) return real_time(out);
     int64_t a = 0, b = 0;
     int served;
-    clock_other(OP_TIME, 0, &a, &b, &served);
+    clock_other(CALL_SITE(), OP_TIME, 0, &a, &b, &served);
     if (served) {
         if (out) *out = (time_t)a;
         return (time_t)a;
     }
     time_t v = real_time(out);
-    if (g_mode == MODE_RECORD) clock_rec(OP_TIME, 0, 0, v, 0);
+    if (g_mode == MODE_RECORD) clock_rec(CALL_SITE(), OP_TIME, 0, 0, v, 0);
     return v;
 }
 
@@ -122,13 +133,13 @@ EXPORT int timespec_get(struct timespec *ts, int base) {
     if (!CLOCK_ACTIVE()) return real_timespec_get(ts, base);
     int64_t a = 0, b = 0;
     int served;
-    int rc = clock_other(OP_TIMESPEC_GET, base, &a, &b, &served);
+    int rc = clock_other(CALL_SITE(), OP_TIMESPEC_GET, base, &a, &b, &served);
     if (served) {
         if (rc) { ts->tv_sec = a; ts->tv_nsec = b; }
         return rc;
     }
     int r = real_timespec_get(ts, base);
-    if (g_mode == MODE_RECORD) clock_rec(OP_TIMESPEC_GET, base, r, r ? ts->tv_sec : 0, r ? ts->tv_nsec : 0);
+    if (g_mode == MODE_RECORD) clock_rec(CALL_SITE(), OP_TIMESPEC_GET, base, r, r ? ts->tv_sec : 0, r ? ts->tv_nsec : 0);
     return r;
 }
 
@@ -137,9 +148,9 @@ EXPORT clock_t clock(void) {
     if (!CLOCK_ACTIVE()) return real_clock();
     int64_t a = 0, b = 0;
     int served;
-    clock_other(OP_CLOCK, 0, &a, &b, &served);
+    clock_other(CALL_SITE(), OP_CLOCK, 0, &a, &b, &served);
     if (served) return (clock_t)a;
     clock_t v = real_clock();
-    if (g_mode == MODE_RECORD) clock_rec(OP_CLOCK, 0, 0, v, 0);
+    if (g_mode == MODE_RECORD) clock_rec(CALL_SITE(), OP_CLOCK, 0, 0, v, 0);
     return v;
 }

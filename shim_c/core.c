@@ -183,9 +183,11 @@ static tbuf_t *claim_buf(uint32_t tindex) {
     return NULL;
 }
 
-/* Append one record to this thread's buffer: u8 channel | u8 op | u16 flags | u32 len. */
+/* Append one record to this thread's buffer: u8 channel | u8 op | u16 site | u32 len. */
 static void rec2(tls_t *t, int ch, int op, const void *p1, uint32_t n1, const void *p2,
                  uint32_t n2) {
+    uint16_t site = t->site; /* before a pending handler's records can take it */
+    t->site = 0;
     if (ch != CH_SIGNAL) {
         t->nrec++;
         t->sigk = 0;
@@ -204,7 +206,7 @@ static void rec2(tls_t *t, int ch, int op, const void *p1, uint32_t n1, const vo
     if (UNLIKELY(need > BUFCAP)) { /* oversized (a big listing): its own message */
         unsigned char *big = shim_map(need, -1);
         if (big) {
-            big[0] = (unsigned char)ch; big[1] = (unsigned char)op; big[2] = big[3] = 0;
+            big[0] = (unsigned char)ch; big[1] = (unsigned char)op; memcpy(big + 2, &site, 2);
             memcpy(big + 4, &n, 4);
             memcpy(big + 8, p1, n1);
             if (n2) memcpy(big + 8 + n1, p2, n2);
@@ -217,7 +219,7 @@ static void rec2(tls_t *t, int ch, int op, const void *p1, uint32_t n1, const vo
     unsigned char *w = b->data + b->len;
     w[0] = (unsigned char)ch;
     w[1] = (unsigned char)op;
-    w[2] = w[3] = 0;
+    memcpy(w + 2, &site, 2);
     memcpy(w + 4, &n, 4);
     memcpy(w + 8, p1, n1);
     if (n2) memcpy(w + 8 + n1, p2, n2);
@@ -351,7 +353,7 @@ static void append_report(const char *line, size_t n) {
 }
 
 static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, int op,
-                   const void *args, uint32_t argn) {
+                   const void *args, uint32_t argn, uint16_t site) {
     char line[2048];
     char *p = line, *end = line + sizeof line - 2;
     p = s_put(p, end, kind);
@@ -363,13 +365,24 @@ static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, 
     if (rh) {
         uint32_t rn; memcpy(&rn, rh + 4, 4);
         uint32_t an = argn < rn ? argn : rn;
+        uint16_t rsite;
+        memcpy(&rsite, rh + 2, 2);
         if (rh[0] != ch) p = s_put(p, end, "other-channel");
         else p = describe(p, end, rh[0], rh[1], rh + 8, an);
+        if (rsite && site && rsite != site) { /* the same call from elsewhere: say so */
+            p = s_put(p, end, " from site ");
+            p = u_put(p, end, rsite & 0xfffu);
+        }
     } else {
         p = s_put(p, end, "end-of-stream");
     }
     p = s_put(p, end, "\tasked=");
     p = describe(p, end, ch, op, args, argn);
+    if (site && rh) {
+        uint16_t rsite;
+        memcpy(&rsite, rh + 2, 2);
+        if (rsite && rsite != site) { p = s_put(p, end, " from site "); p = u_put(p, end, site & 0xfffu); }
+    }
     *p++ = '\n';
     if (g_reports++ < 500) append_report(line, (size_t)(p - line));
 }
@@ -413,6 +426,8 @@ static __thread int t_soft __attribute__((tls_model("initial-exec")));
  * it is so a later call may line up again). *plen receives the payload length. */
 static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, uint32_t argn,
                                   uint32_t *plen) {
+    uint16_t site = t->site; /* before the handlers due here can take it */
+    t->site = 0;
     if (UNLIKELY(g_sigtape) && ch != CH_SIGNAL) sig_at_serve(t); /* handlers due here */
     stream_t *s = &t->st[ch];
     inshim_enter();
@@ -421,9 +436,12 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
     if (LIKELY(s->off + 8 <= s->size)) {
         rh = s->base + s->off;
         uint32_t n;
+        uint16_t rsite;
         memcpy(&n, rh + 4, 4);
+        memcpy(&rsite, rh + 2, 2);
         if (LIKELY(rh[0] == ch && rh[1] == op && n >= argn && s->off + 8 + n <= s->size &&
-                   memcmp(rh + 8, args, argn) == 0)) {
+                   memcmp(rh + 8, args, argn) == 0 &&
+                   (rsite == site || !rsite || !site || g_anysite))) {
             s->off += 8 + n;
             s->pos++;
             if (ch != CH_SIGNAL) t->sigk = 0;
@@ -433,7 +451,7 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
         }
     }
     if (!rh && !g_lenient) await_kill();
-    report("divergence", t, ch, rh, op, args, argn);
+    report("divergence", t, ch, rh, op, args, argn, site);
     if (!g_lenient && t_soft) g_offtape = 1;
     else if (!g_lenient) die(DIVERGENCE_EXIT);
     inshim_leave();

@@ -11,8 +11,10 @@ _Static_assert(sizeof(randrec_t) == 16 && offsetof(randrec_t, rc) == 8,
 _Static_assert(sizeof(entrec_t) == 8 && offsetof(entrec_t, rc) == 4,
                "OP_GETENTROPY / OP_RANDOM_READ payload: u32 size | i32 rc | bytes");
 
-static ssize_t entropy_chunk(int op, void *buf, uint32_t size, uint32_t flags, int fd) {
+static ssize_t entropy_chunk(uint16_t site, int op, void *buf, uint32_t size, uint32_t flags,
+                             int fd) {
     tls_t *t = me();
+    t->site = site;
     uint32_t args[2] = {size, flags};
     int gr = op == OP_GETRANDOM || op == OP_GETRANDOM_RAW;
     uint32_t argn = gr ? 8 : 4;
@@ -46,12 +48,12 @@ static ssize_t entropy_chunk(int op, void *buf, uint32_t size, uint32_t flags, i
     return op == OP_GETENTROPY ? 0 : r;
 }
 
-static ssize_t entropy(int op, void *buf, size_t size, uint32_t flags, int fd) {
-    if (size <= ECHUNK) return entropy_chunk(op, buf, (uint32_t)size, flags, fd);
+static ssize_t entropy(uint16_t site, int op, void *buf, size_t size, uint32_t flags, int fd) {
+    if (size <= ECHUNK) return entropy_chunk(site, op, buf, (uint32_t)size, flags, fd);
     size_t done = 0;
     while (done < size) {
         size_t n = size - done > ECHUNK ? ECHUNK : size - done;
-        ssize_t r = entropy_chunk(op, (char *)buf + done, (uint32_t)n, flags, fd);
+        ssize_t r = entropy_chunk(site, op, (char *)buf + done, (uint32_t)n, flags, fd);
         if (r < 0) return done ? (ssize_t)done : -1;
         if (op == OP_GETENTROPY) r = (ssize_t)n;
         if (r == 0) break;
@@ -67,7 +69,7 @@ EXPORT ssize_t getrandom(void *buf, size_t n, unsigned int flags) {
         if (is_err(r)) { errno = (int)-r; return -1; }
         return r;
     }
-    return entropy(OP_GETRANDOM, buf, n, flags, -1);
+    return entropy(CALL_SITE(), OP_GETRANDOM, buf, n, flags, -1);
 }
 
 EXPORT int getentropy(void *buf, size_t n) {
@@ -77,7 +79,7 @@ EXPORT int getentropy(void *buf, size_t n) {
         if (is_err(r)) { errno = (int)-r; return -1; }
         return 0;
     }
-    return (int)entropy(OP_GETENTROPY, buf, n, 0, -1);
+    return (int)entropy(CALL_SITE(), OP_GETENTROPY, buf, n, 0, -1);
 }
 
 EXPORT void arc4random_buf(void *buf, size_t n) {

@@ -21,6 +21,7 @@ __attribute__((constructor)) static void shim_init(void) {
     for (char **e = environ; e && *e; e++) {
         const char *v = *e;
         if (!starts(v, "STENO_")) continue;
+        if (starts(v, "STENO_EDITED=1")) g_anysite = 1; /* another program: other call sites */
         if (starts(v, "STENO_MODE=")) mode = v + 11;
         else if (starts(v, "STENO_SOCK=")) sock = v + 11;
         else if (starts(v, "STENO_TAPE=")) tape = v + 11;

@@ -282,7 +282,7 @@ EXPORT int waitid(idtype_t idtype, id_t id, siginfo_t *info, int options) {
 }
 
 EXPORT ssize_t read(int fd, void *buf, size_t n) {
-    if (UNLIKELY(rfd_is(fd)) && ACTIVE()) return entropy(OP_RANDOM_READ, buf, n, 0, fd);
+    if (UNLIKELY(rfd_is(fd)) && ACTIVE()) return entropy(CALL_SITE(), OP_RANDOM_READ, buf, n, 0, fd);
     if (UNLIKELY(pfd_is(fd)) && ACTIVE()) return GATED(OP_SCHED_IO, 1, io_read(fd, buf, n));
     RESOLVE(read);
     return real_read(fd, buf, n);

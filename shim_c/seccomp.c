@@ -97,7 +97,7 @@ static void sigsys_handler(int sig, siginfo_t *si, void *ctx) {
         size_t n = (size_t)g[REG_RSI];
         unsigned flags = (unsigned)g[REG_RDX];
         if (g_mode && !T.guard && !reentered()) {
-            ssize_t r = entropy(OP_GETRANDOM_RAW, buf, n, flags, -1);
+            ssize_t r = entropy(0, OP_GETRANDOM_RAW, buf, n, flags, -1);
             ret = r < 0 ? -errno : r;
         } else {
             ret = RS3(SYS_getrandom, buf, n, flags);

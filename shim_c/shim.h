@@ -90,6 +90,7 @@ enum { MODE_OFF = 0, MODE_RECORD = 1, MODE_REPLAY = 2 };
 static int g_mode;
 static int g_inited;
 static int g_lenient;
+static int g_anysite; /* replay of an edited program: call sites are not compared */
 static char g_proc[256];
 static uint16_t g_proclen;
 static char g_sockpath[108];
@@ -165,6 +166,7 @@ typedef struct {
     int sched_off; /* not ordered by the scheduler (started off the tape, or ended) */
     int holding;   /* holds the scheduler's baton (sched.c) */
     int gate_next; /* the next wait is scheduled though paused (steno_gate_next) */
+    uint16_t site;     /* the wrapper's caller (CALL_SITE), taken by the next rec2/serve */
     uint32_t tindex;
     tbuf_t *tb;
     stream_t st[NCH];
@@ -182,6 +184,14 @@ static void sig_at_serve(tls_t *t);
 static void sig_flush_pending(tls_t *t);
 
 static __thread tls_t T __attribute__((tls_model("initial-exec")));
+
+/* Where a wrapper was called from, as the return address modulo the page: the same in
+ * every run of the same binaries whatever ASLR chose, so a record served to another call
+ * site (a monotonic read taking the place of another one) is caught, not served. The top
+ * bit marks "known"; 0 is a record from before sites existed, and is not checked. Used
+ * only where the record's arguments alone cannot tell two readers apart (clock, entropy).
+ * Must be expanded in the exported wrapper itself. */
+#define CALL_SITE() ((uint16_t)(0x8000u | ((uintptr_t)__builtin_return_address(0) & 0xfffu)))
 
 static void thread_init(void) { /* a thread not started through pthread_create */
     T.tindex = __atomic_fetch_add(&g_tnext, 1, __ATOMIC_RELAXED);

@@ -277,3 +277,44 @@ def test_pid_is_the_recorded_one_even_while_the_tape_is_paused(tmp_path: Path) -
     """)
     out = roundtrip(tmp_path, [PY, prog])
     assert out.split()[-2:] == [b"True", b"True"], out
+
+
+CLOCK_SITES = r"""
+#include <stdio.h>
+#include <time.h>
+/* Two readers of the same clock; the order comes from a file the tape does not hold. */
+__attribute__((noinline)) static long started(void) {
+    struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_nsec;
+}
+__attribute__((noinline)) static long finished(void) {
+    struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_nsec + 1;
+}
+int main(int argc, char **argv) {
+    FILE *f = fopen(argv[1], "r");
+    int c;
+    while ((c = fgetc(f)) != EOF) {
+        if (c == 'a') printf("started %ld\n", started());
+        if (c == 'b') printf("finished %ld\n", finished());
+    }
+    return 0;
+}
+"""
+
+
+def test_a_clock_record_asked_for_at_another_call_site_is_a_divergence(tmp_path: Path) -> None:
+    """Same clock, same arguments, another reader: caught where it happens, not served."""
+    src = tmp_path / "sites.c"
+    src.write_text(CLOCK_SITES)
+    exe = tmp_path / "sites"
+    subprocess.run([shutil.which("gcc") or "gcc", "-O1", "-o", str(exe), str(src)], check=True)
+    order = tmp_path / "order"
+    order.write_text("ab")
+    steno, _ = record(tmp_path, [str(exe), str(order)])
+    code, rep = replay(tmp_path, steno)
+    assert code == 0 and rep["divergences"] == [], rep
+    order.write_text("ba")
+    code, rep = replay(tmp_path, steno)
+    assert code == 1, rep
+    d = rep["divergences"][0]
+    assert d["channel"] == "clock" and d["position"] == 0, d
+    assert "from site" in d["recorded"] and "from site" in d["asked"], d
