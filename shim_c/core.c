@@ -424,6 +424,46 @@ static __thread int t_soft __attribute__((tls_model("initial-exec")));
 /* Next record of (thread, ch) if it is op with these argument bytes; else report the
  * divergence and exit 86 (or return NULL under STENO_LENIENT, leaving the stream where
  * it is so a later call may line up again). *plen receives the payload length. */
+/* Before a divergence stops the replay: where the program was, into TAPE/<proc>/where,
+ * for the report: the native stack of the diverging thread, then, in a CPython, every
+ * thread's Python stack (CPython's own fatal-error dumper, which needs no GIL). */
+static void dump_where(void) {
+    typedef const char *(*dump_t)(int, void *, void *);
+    typedef void *(*tstate_t)(void);
+    dump_t dump = (dump_t)dlsym(RTLD_DEFAULT, "_Py_DumpTracebackThreads");
+    tstate_t cur = (tstate_t)dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
+    char path[1400];
+    char *p = s_put(path, path + sizeof path - 1, g_tape);
+    p = s_put(p, path + sizeof path - 1, "/");
+    p = s_put(p, path + sizeof path - 1, g_proc);
+    p = s_put(p, path + sizeof path - 1, "/where");
+    *p = 0;
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (is_err(fd)) return;
+    /* in a forked copy: a thread caught half-made (its state being linked in) can crash
+     * the dumper, and then only the copy dies, the lines so far written */
+    long pid = RS6(SYS_clone, SIGCHLD, 0, 0, 0, 0, 0);
+    if (pid == 0) {
+        void *frames[48];
+        int n = backtrace(frames, 48); /* the native stack first: any program has one */
+        RS3(SYS_write, fd, "Native stack (most recent call first):\n", 39);
+        backtrace_symbols_fd(frames, n, (int)fd);
+        if (dump && cur) dump((int)fd, NULL, cur());
+        RS1(SYS_exit_group, 0);
+    }
+    if (pid > 0) {
+        int st;
+        while (RS4(SYS_wait4, pid, &st, 0, 0) == -EINTR) {}
+    }
+    RS1(SYS_close, fd);
+}
+
+/* A replay that cannot go on: say where it was, then stop with the divergence code. */
+static void diverged(void) {
+    dump_where();
+    die(DIVERGENCE_EXIT);
+}
+
 static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, uint32_t argn,
                                   uint32_t *plen) {
     uint16_t site = t->site; /* before the handlers due here can take it */
@@ -453,7 +493,7 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
     if (!rh && !g_lenient) await_kill();
     report("divergence", t, ch, rh, op, args, argn, site);
     if (!g_lenient && t_soft) g_offtape = 1;
-    else if (!g_lenient) die(DIVERGENCE_EXIT);
+    else if (!g_lenient) diverged();
     inshim_leave();
     return NULL;
 }

@@ -67,7 +67,7 @@ static void io_report(tls_t *t, const char *what) {
     p = s_put(p, end, "\trecorded="); p = s_put(p, end, what);
     p = s_put(p, end, "\tasked=read of a pipe\n");
     if (g_reports++ < 500) append_report(line, (size_t)(p - line));
-    if (!g_lenient) die(DIVERGENCE_EXIT);
+    if (!g_lenient) diverged();
 }
 
 /* Block until fd shows one of `want` (or hangs up); the peer is being replayed. */
@@ -142,7 +142,7 @@ static void wait_report(tls_t *t, int ch, pid_t want, long got) {
     p = s_put(p, end, " reaped\tasked=wait: live child gave "); p = i_put(p, end, got);
     *p++ = '\n';
     if (g_reports++ < 500) append_report(line, (size_t)(p - line));
-    if (!g_lenient) die(DIVERGENCE_EXIT);
+    if (!g_lenient) diverged();
 }
 
 /* Replay: reap the live child behind recorded pid `rpid` as the recorded wait did. */

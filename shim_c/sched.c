@@ -206,7 +206,7 @@ static int32_t take_replay(tls_t *t, int op) {
     if (r.result == SCHED_STOLEN) {
         sched_report(t, "threads ran unscheduled from here (record broke a stall: a "
                         "busy-wait or a blocking call the shim does not see)", r.grant, op);
-        if (!g_lenient) die(DIVERGENCE_EXIT);
+        if (!g_lenient) diverged();
         S.broken = 1;
         return 0;
     }
@@ -239,7 +239,7 @@ static int32_t take_replay(tls_t *t, int op) {
         if (now - last > 30 * S.stall_ns) {
             sched_report(t, "the turn never came: the thread holding it did not reach the "
                             "blocking call it made when recorded", r.grant, op);
-            if (!g_lenient) die(DIVERGENCE_EXIT);
+            if (!g_lenient) diverged();
             S.broken = 1;
             return r.result;
         }
@@ -318,7 +318,7 @@ static int sched_wait_for(tls_t *t, int op, void *obj, try_fn try, const struct 
         if (r != want) {
             sched_report(t, want == 0 ? "the wait was over" : "the wait was not over yet",
                          (uint32_t)t->st[CH_SCHED].pos, op);
-            if (!g_lenient) die(DIVERGENCE_EXIT);
+            if (!g_lenient) diverged();
             S.broken = 1;
         }
     }

@@ -149,7 +149,7 @@ static int sig_replay_point(tls_t *t, const sigset_t *mask, int max) {
         if (r.pos < now) {
             sig_report(t, "divergence", "a signal handler ran before this call (the signal "
                        "was blocked here, or the run never reached the point)", r.sig);
-            if (!g_lenient) die(DIVERGENCE_EXIT);
+            if (!g_lenient) diverged();
             s->off += 8 + sizeof r; /* lenient: drop it */
             s->pos++;
             continue;
@@ -351,7 +351,7 @@ static int sig_replay_suspend(const sigset_t *mask) {
     if (mask) raw_mask(SIG_SETMASK, &old, NULL);
     if (!ran) {
         sig_report(t, "divergence", "no signal handler ran here when recorded", 0);
-        if (!g_lenient) die(DIVERGENCE_EXIT);
+        if (!g_lenient) diverged();
     }
     errno = EINTR;
     return -1;

@@ -51,6 +51,7 @@ from stenograph.recorder.tape import (
     RecordSession,
     describe,
     prepare_tape,
+    python_stacks,
     read_divergences,
     stream_records,
 )
@@ -315,8 +316,11 @@ def _report(file: str, tape: Path, started: dict[str, Any], ended: dict[str, Any
             result: RunResult, argv: list[str]) -> dict[str, Any]:
     found = read_divergences(tape)
     divs, drift = [], []
+    stacks = python_stacks(tape)
     for d in found:
         entry = d.to_json()
+        if d.kind == "divergence" and d.proc in stacks:
+            entry["python_stack"] = stacks.pop(d.proc)
         if d.kind == "divergence" and d.detail:
             divs.append(entry)  # a Python hook's call: its report carries the diff
         elif d.kind == "divergence":
@@ -360,6 +364,8 @@ def _print_report(report: dict[str, Any], as_json: bool) -> None:
         click.echo(f"  asked:    {d['asked']}", err=err)
         for line in d.get("before", []):
             click.echo(f"  before:   {line}", err=err)
+        for line in d.get("python_stack", []):
+            click.echo(f"  where:    {line}", err=err)
     if not report["divergences"]:
         same = report["identical"]
         verdict = "bit-identical" if all(same.values()) else "DIFFERENT"

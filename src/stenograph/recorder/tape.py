@@ -332,6 +332,21 @@ def read_divergences(tape_dir: str | Path) -> list[Divergence]:
     return out
 
 
+def python_stacks(tape_dir: str | Path) -> dict[str, list[str]]:
+    """Per process, the Python stacks the shim wrote when a divergence stopped it.
+
+    CPython's dumper writes ``Thread 0x... (most recent call first):`` blocks of
+    ``  File "...", line N in f`` lines; kept as written, the current thread marked.
+    """
+    out: dict[str, list[str]] = {}
+    root = Path(tape_dir)
+    for where in sorted(root.glob("*/where")):
+        lines = [ln.rstrip() for ln in where.read_text(errors="replace").splitlines()]
+        if any(ln.strip() for ln in lines):
+            out[where.parent.name] = [ln for ln in lines if ln.strip()]
+    return out
+
+
 def _read_py_divergences(path: Path) -> list[Divergence]:
     if not path.is_file():
         return []
