@@ -35,11 +35,55 @@ static inline void rec_clock(tls_t *t, int op, const clockrec_t *r) {
  * once (or never) and change how often the program reads its clocks. */
 static int64_t g_served_ns[16];
 
-static inline int clock_gettime_at(uint16_t site, clockid_t id, struct timespec *ts) {
+/* Bookkeeping reads: clock reads made inside an interpreter's own deadline helpers, whose
+ * value only ever becomes the deadline of a wait the shim itself wraps (whose outcome is
+ * on the tape) or is subtracted from another such read. CPython 3.11 reads CLOCK_MONOTONIC
+ * on every lock acquisition, even an uncontended one (PyThread_acquire_lock_timed computes
+ * a deadline first), and on every first use of an interned identifier: most of a Python
+ * program's clock reads, and ones made wherever the interpreter happens to take a lock --
+ * inside a hook's real network call at record, in the program at replay -- so taping them
+ * makes replay depend on what the hooks did. They go live and untaped; the next wait's
+ * deadline is then live too and is not translated (T.live_deadline). The helpers are found
+ * by name (dynamic symbols) in whatever interpreter the process runs. */
+static const char *const BOOKKEEPING[] = {
+    "_PyTime_GetMonotonicClock", /* 3.10-3.12: _PyDeadline_*, lock waits, socket timeouts */
+    "PyTime_MonotonicRaw",       /* 3.13: the same role, plus PyMutex and semaphores */
+    "PyThread_acquire_lock_timed", /* 3.10: reads the clock itself */
+};
+#define NBOOK (sizeof BOOKKEEPING / sizeof *BOOKKEEPING)
+static uintptr_t g_book_lo[NBOOK], g_book_hi[NBOOK];
+static int g_book_ready;
+
+static void bookkeeping_resolve(void) {
+    for (size_t i = 0; i < NBOOK; i++) {
+        void *p = dlsym(RTLD_DEFAULT, BOOKKEEPING[i]);
+        Dl_info info;
+        const ElfW(Sym) *sym = NULL;
+        if (p && dladdr1(p, &info, (void **)&sym, RTLD_DL_SYMENT) && sym && sym->st_size) {
+            g_book_lo[i] = (uintptr_t)p;
+            g_book_hi[i] = (uintptr_t)p + sym->st_size;
+        }
+    }
+    __atomic_store_n(&g_book_ready, 1, __ATOMIC_RELEASE);
+}
+
+static inline int bookkeeping(uintptr_t ra) {
+    if (UNLIKELY(!__atomic_load_n(&g_book_ready, __ATOMIC_ACQUIRE))) bookkeeping_resolve();
+    for (size_t i = 0; i < NBOOK; i++)
+        if (ra - g_book_lo[i] < g_book_hi[i] - g_book_lo[i]) return 1;
+    return 0;
+}
+
+static inline int clock_gettime_at(uintptr_t ra, clockid_t id, struct timespec *ts) {
     if (UNLIKELY(!real_clock_gettime)) RESOLVE(clock_gettime);
     if (!CLOCK_ACTIVE()) return real_clock_gettime(id, ts);
     tls_t *t = me();
-    t->site = site;
+    if (bookkeeping(ra)) {
+        t->live_deadline = 1;
+        return real_clock_gettime(id, ts);
+    }
+    t->live_deadline = 0;
+    t->site = SITE_OF(ra);
     int32_t arg = (int32_t)id;
     if (g_mode == MODE_REPLAY) {
         uint32_t n;
@@ -61,16 +105,17 @@ static inline int clock_gettime_at(uint16_t site, clockid_t id, struct timespec 
     return rc;
 }
 EXPORT int clock_gettime(clockid_t id, struct timespec *ts) {
-    return clock_gettime_at(CALL_SITE(), id, ts);
+    return clock_gettime_at(RETURN_ADDRESS(), id, ts);
 }
 EXPORT int __clock_gettime(clockid_t id, struct timespec *ts) {
-    return clock_gettime_at(CALL_SITE(), id, ts);
+    return clock_gettime_at(RETURN_ADDRESS(), id, ts);
 }
 
 /* Shared path for the clock ops that are not clock_gettime. */
 static int clock_other(uint16_t site, int op, int32_t arg, int64_t *a, int64_t *b, int *served) {
     tls_t *t = me();
     t->site = site;
+    t->live_deadline = 0;
     *served = 0;
     if (g_mode == MODE_REPLAY) {
         uint32_t n;

@@ -168,6 +168,7 @@ typedef struct {
     int holding;   /* holds the scheduler's baton (sched.c) */
     int gate_next; /* the next wait is scheduled though paused (steno_gate_next) */
     uint16_t site;     /* the wrapper's caller (CALL_SITE), taken by the next rec2/serve */
+    int live_deadline; /* the last clock read was a live bookkeeping read (clock.c) */
     uint32_t tindex;
     tbuf_t *tb;
     stream_t st[NCH];
@@ -192,7 +193,9 @@ static __thread tls_t T __attribute__((tls_model("initial-exec")));
  * bit marks "known"; 0 is a record from before sites existed, and is not checked. Used
  * only where the record's arguments alone cannot tell two readers apart (clock, entropy).
  * Must be expanded in the exported wrapper itself. */
-#define CALL_SITE() ((uint16_t)(0x8000u | ((uintptr_t)__builtin_return_address(0) & 0xfffu)))
+#define RETURN_ADDRESS() ((uintptr_t)__builtin_return_address(0))
+#define SITE_OF(ra) ((uint16_t)(0x8000u | ((ra) & 0xfffu)))
+#define CALL_SITE() SITE_OF(RETURN_ADDRESS())
 
 static void thread_init(void) { /* a thread not started through pthread_create */
     T.tindex = __atomic_fetch_add(&g_tnext, 1, __ATOMIC_RELAXED);

@@ -228,7 +228,7 @@ EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, con
 
 static const struct timespec *translate_deadline(int clk, const struct timespec *abs,
                                                  struct timespec *out) {
-    if (g_mode != MODE_REPLAY || !abs || T.guard || gil_free()) return abs;
+    if (g_mode != MODE_REPLAY || !abs || T.guard || gil_free() || T.live_deadline) return abs;
     int64_t want = abs->tv_sec * 1000000000LL + abs->tv_nsec;
     if (clk < 0) { /* unknown clock: the one whose served value is nearest */
         int64_t dm = want - g_served_ns[CLOCK_MONOTONIC], dr = want - g_served_ns[CLOCK_REALTIME];

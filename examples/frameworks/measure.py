@@ -9,7 +9,8 @@ so a change to the shim can be judged framework by framework.
 
 Usage (from the repository root, frameworks installed: ``pip install -e '.[frameworks]'``)::
 
-    python examples/frameworks/measure.py [--records 3] [--replays 3] [--keep DIR] [FW ...]
+    python examples/frameworks/measure.py [--records 3] [--replays 3] [--keep DIR] [--asyncio]
+        [FW ...]
 
 FW is one of langgraph, openai_agents, pydantic_ai, litellm, smolagents (default: all).
 """
@@ -56,7 +57,7 @@ def _verdict(stdout: str) -> str:
     return "; ".join(parts)
 
 
-def measure(fw: str, records: int, replays: int, out: Path) -> None:
+def measure(fw: str, records: int, replays: int, out: Path, flags: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "STENO_"))}
     stenos = []
     with ModelServer(script=_script(fw)) as srv:
@@ -68,6 +69,7 @@ def measure(fw: str, records: int, replays: int, out: Path) -> None:
             cmd = [
                 *CLI,
                 "record",
+                *flags,
                 "-o",
                 str(steno),
                 "--",
@@ -102,6 +104,7 @@ def main() -> int:
     p.add_argument("--records", type=int, default=3)
     p.add_argument("--replays", type=int, default=3)
     p.add_argument("--keep", help="keep the recordings in this directory")
+    p.add_argument("--asyncio", action="store_true", help="record with --asyncio")
     a = p.parse_args()
     unknown = sorted(set(a.frameworks) - set(FRAMEWORKS))
     if unknown:
@@ -110,7 +113,7 @@ def main() -> int:
         out = Path(a.keep or tmp)
         out.mkdir(parents=True, exist_ok=True)
         for fw in a.frameworks or FRAMEWORKS:
-            measure(fw, a.records, a.replays, out)
+            measure(fw, a.records, a.replays, out, ['--asyncio'] if a.asyncio else [])
     return 0
 
 

@@ -78,7 +78,7 @@ def install(client: ModuleType) -> None:
         if tape is None:
             return await orig(self, method, str_or_url, **kwargs)
         if not seam.loop_taped():  # the whole call paused across its awaits
-            with tape.shim.paused():
+            with seam.paused_across_awaits(tape):
                 return await _taped_paused(tape, self, method, str_or_url, kwargs)
         return await _taped(tape, self, method, str_or_url, kwargs)
 

@@ -160,7 +160,7 @@ def install(mod: ModuleType) -> None:
 
     async def _paused_async(self: Any, tape: PyTape, request: Any) -> Any:
         """The whole call with the tape paused across its awaits (no ``--asyncio``)."""
-        with tape.shim.paused():
+        with seam.paused_across_awaits(tape):
             call = _begin(tape, request, await request.aread())
             if tape.mode == "replay":
                 return _replayed(tape, call, request, is_async=True)

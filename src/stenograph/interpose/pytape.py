@@ -40,6 +40,7 @@ from typing import Any, NoReturn
 
 import msgpack
 
+from stenograph.interpose import gcpoints
 from stenograph.interpose.fingerprint import distance, request_diff
 from stenograph.interpose.redact import RedactionRules
 from stenograph.recorder.blobs import BlobRef, BlobStore
@@ -143,7 +144,8 @@ class PyTape:
         with self._lock:
             pos = self._next.get(channel, 0)
             self._next[channel] = pos + 1
-            return pos
+        gcpoints.at_exchange(self.shim)
+        return pos
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()

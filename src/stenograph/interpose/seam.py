@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import heapq
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -73,6 +74,50 @@ Pull = Callable[[], tuple[bytes, bool]]
 """One read off the wire: (bytes, whether the body ended with them)."""
 
 
+@contextlib.contextmanager
+def paused_across_awaits(tape: PyTape) -> Iterator[None]:
+    """The tape paused around awaits (no ``--asyncio``), leaving the loop as replay will.
+
+    Replay never makes the real call, so whatever the call leaves in the event loop
+    changes how the program's own later iterations run. Timeouts are the case that
+    matters: a library's ``wait_for``/``fail_after`` timers, cancelled when the call
+    ended, stay in the loop's timer heap until their deadline, and while they are there
+    each iteration reads the clock once more than at replay. Record removes the
+    cancelled timers the call created (as the loop itself would, later) on the way out.
+    """
+    with tape.shim.paused():  # (get_running_loop calls getpid: inside the pause)
+        loop = _running_loop() if tape.mode == "record" else None
+        heap = getattr(loop, "_scheduled", None)
+        before = {id(h) for h in heap} if isinstance(heap, list) else None
+        try:
+            yield
+        finally:
+            if before is not None:
+                _drop_cancelled_timers(loop, before)
+
+
+def _running_loop() -> Any:
+    aio = sys.modules.get("asyncio")
+    try:
+        return aio.get_running_loop() if aio is not None else None
+    except RuntimeError:
+        return None
+
+
+def _drop_cancelled_timers(loop: Any, before: set[int]) -> None:
+    heap = loop._scheduled
+    gone = [h for h in heap if getattr(h, "_cancelled", False) and id(h) not in before]
+    if not gone:
+        return
+    drop = {id(h) for h in gone}
+    heap[:] = [h for h in heap if id(h) not in drop]
+    heapq.heapify(heap)
+    for h in gone:
+        h._scheduled = False
+    if isinstance(getattr(loop, "_timer_cancelled_count", None), int):
+        loop._timer_cancelled_count = max(0, loop._timer_cancelled_count - len(gone))
+
+
 def passthrough(tape: PyTape, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` with the tape paused: the library's own work, which replay skips."""
     with tape.shim.paused():
@@ -91,7 +136,7 @@ async def apassthrough(tape: PyTape, aw: Awaitable[T], what: str, *,
             if close is not None:
                 close()
             return None
-        with tape.shim.paused():
+        with paused_across_awaits(tape):
             return await aw
     with tape.shim.paused():
         pos = tape.begin("await")
@@ -400,7 +445,7 @@ class AsyncChunks(_Source):
                 if taped:
                     chunk, last = await _aioloop().Drive(self.tape, self.pull(), log)
                 else:
-                    with self.tape.shim.paused():
+                    with paused_across_awaits(self.tape):
                         chunk, last = await self.pull()
             except Exception as exc:
                 with self.tape.shim.paused():
