@@ -1,11 +1,12 @@
-"""The agent frameworks people build on, recorded once and replayed three times each.
+"""The agent frameworks people build on, each recorded three times, each recording
+replayed ten times.
 
 Each agent in ``examples/frameworks/`` is written the way its framework's quick-start
 writes it and talks to the loopback ``ModelServer`` through ``OPENAI_BASE_URL``. A test
 records it with the real CLI, stops the server (so a replay that reached for the
 network would fail; replay refuses networking anyway), then replays the recording:
-a framework that replays is recorded three times and each recording replayed ten
-times (the scheduler differs every time: one replay can be lucky).
+every framework is recorded three times and each recording replayed ten times (the
+scheduler differs every time: one replay can be lucky).
 
 A framework that does not replay today keeps its test, marked
 ``xfail(strict=True)`` with the divergence measured, so the day the shim learns to
@@ -38,6 +39,9 @@ class Framework:
     """What must be importable for the test to run (pytest.importorskip)."""
     agent: str
     script: str = "script.json"
+    flags: tuple[str, ...] = ()
+    """``stenograph record`` flags: async frameworks whose graph runs tasks while a model
+    call is in flight need the event loop on the tape (``--asyncio``)."""
 
 
 def _record_and_replay(fw: Framework, tmp_path: Path, recordings: int = 1,
@@ -55,7 +59,8 @@ def _one_recording(fw: Framework, tmp_path: Path, replays: int) -> None:
         env["OPENAI_BASE_URL"] = srv.openai_base_url
         env["OPENAI_API_KEY"] = "sk-test-frameworks"
         rec = subprocess.run(
-            [*CLI, "record", "-o", str(steno), "--", sys.executable, str(AGENTS / fw.agent)],
+            [*CLI, "record", *fw.flags, "-o", str(steno), "--", sys.executable,
+             str(AGENTS / fw.agent)],
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -80,23 +85,14 @@ def test_langgraph(tmp_path: Path) -> None:
     _record_and_replay(Framework("langgraph", "langgraph_agent.py"), tmp_path, 3, 10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proc 0 thread 0: clock end-of-stream at exit, or identity pos ~115 getpid "
-    "(get_running_loop) asked for a recorded gettid: run_streamed's event queue drains "
-    "in other batches when the paused SSE read returns at once",
-)
 def test_openai_agents(tmp_path: Path) -> None:
-    _record_and_replay(Framework("agents", "openai_agents_agent.py"), tmp_path)
+    _record_and_replay(Framework("agents", "openai_agents_agent.py", flags=("--asyncio",)),
+                       tmp_path, 3, 10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proc 0 thread 0 clock pos ~19996: realtime recorded, monotonic asked by "
-    "epoll.poll's deadline: a graph task's stream wait ran paused in record, not at replay",
-)
 def test_pydantic_ai(tmp_path: Path) -> None:
-    _record_and_replay(Framework("pydantic_ai", "pydantic_ai_agent.py"), tmp_path)
+    _record_and_replay(Framework("pydantic_ai", "pydantic_ai_agent.py", flags=("--asyncio",)),
+                       tmp_path, 3, 10)
 
 
 def test_litellm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -305,15 +305,15 @@ def _plain(tmp: Path, lib: str, *args: str) -> subprocess.CompletedProcess[bytes
     return _run([sys.executable, str(prog), *args], env=_env(), cwd=tmp, timeout=60)
 
 
-def record_replay(tmp: Path, lib: str, *args: str) -> tuple[subprocess.CompletedProcess[bytes],
-                                                            subprocess.CompletedProcess[bytes],
-                                                            Path]:
-    """``stenograph record`` then ``stenograph replay`` of the ``lib`` program."""
+def record_replay(tmp: Path, lib: str, *args: str, flags: tuple[str, ...] = ()
+                  ) -> tuple[subprocess.CompletedProcess[bytes],
+                             subprocess.CompletedProcess[bytes], Path]:
+    """``stenograph record [FLAGS]`` then ``stenograph replay`` of the ``lib`` program."""
     tmp.mkdir(parents=True, exist_ok=True)
     prog = tmp / f"{lib}_prog.py"
     prog.write_text(PROGRAMS[lib])
     out = tmp / f"{lib}.steno"
-    rec = _run([*CLI, "record", "-o", str(out), "--", sys.executable, str(prog), *args],
+    rec = _run([*CLI, "record", *flags, "-o", str(out), "--", sys.executable, str(prog), *args],
                env=_env(), cwd=tmp, timeout=90)
     assert out.exists(), rec.stderr.decode()
     rep = _run([*CLI, "replay", str(out)], env=_env(), timeout=90)
@@ -345,6 +345,20 @@ def test_a_body_cut_mid_stream_replays_as_the_same_error(tmp_path: Path, server:
     assert rep.stdout == rec.stdout
     (x,) = _exchanges(steno)
     assert x["response"]["complete"] is False and x["error"], x  # type: ignore[index]
+
+
+def test_aiohttp_program_replays_with_the_loop_on_the_tape(tmp_path: Path, server: str) -> None:
+    """Every way of reading an aiohttp body, a half-read response whose connection is
+    closed and a new one opened after it: with ``--asyncio`` the connection's release
+    and close are the library's work, off the tape, and the loop's ticks replay."""
+    for r in range(2):
+        rec, rep, _ = record_replay(tmp_path / f"r{r}", "aiohttp", server,
+                                    f"sizes={SIZES}&ms=15", f"{tmp_path.name}-{r}",
+                                    flags=("--asyncio",))
+        assert rec.returncode == 0, rec.stderr.decode()
+        assert rep.returncode == 0, rep.stderr.decode()[-3000:]
+        assert rep.stdout == rec.stdout
+        assert b"replay bit-identical" in rep.stderr, rep.stderr.decode()
 
 
 @pytest.mark.parametrize("lib", ["aiohttp", "httpx", "requests"])

@@ -131,9 +131,12 @@ def _shim_env(env: dict[str, str], mode: str, **extra: str) -> dict[str, str]:
               "removed once the .steno file is written).")
 @click.option("--traj", default=None, help="Trajectory id (default: run-<time>-<pid>).")
 @click.option("--asyncio", "asyncio_loop", is_flag=True,
-              help="Put asyncio event loops on the tape (experimental): tasks that run while "
-              "hooked async requests are in flight (overlapping requests, asyncio.gather of "
-              "streams) replay in the recorded order. The replay follows the recording.")
+              help="Put asyncio event loops on the tape: tasks that run while hooked async "
+              "requests are in flight (overlapping requests, asyncio.gather of streams, an "
+              "async agent framework's graph: pydantic-ai, the OpenAI Agents SDK) replay in "
+              "the recorded order. Without it a hooked async call keeps the tape paused "
+              "across its awaits, exact only for one request at a time per loop. The replay "
+              "follows the recording.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_loop: bool,
            cmd: tuple[str, ...]) -> None:

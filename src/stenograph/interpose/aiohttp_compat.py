@@ -105,6 +105,17 @@ def set_content(resp: Any, reader: Any) -> None:
     resp.content = reader
 
 
+def wrap_connection_work(resp: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+                         ) -> None:
+    """``release`` and ``close`` of one (recorded) response, wrapped: they hand its
+    connection back to the pool or close it, which replay never opened. Public methods,
+    set on the instance (ClientResponse has no ``__slots__``, 3.10-3.14)."""
+    for name in ("release", "close"):
+        fn = getattr(resp, name, None)
+        if callable(fn):
+            setattr(resp, name, wrap(fn))
+
+
 class _Protocol:
     """What a ``StreamReader`` asks of its protocol: ``_reading_paused``,
     ``pause_reading``/``resume_reading`` (3.14 passes ``resume_parser=``), and

@@ -17,6 +17,8 @@ does not depend on what aiohttp would have put on the wire.
 
 from __future__ import annotations
 
+import functools
+
 import json as jsonlib
 import weakref
 from types import ModuleType
@@ -109,6 +111,10 @@ def install(client: ModuleType) -> None:
         real = resp.content
         with tape.shim.paused():
             rec = call.received(resp.status, list(resp.headers.items()), reason=resp.reason)
+            # the connection's release or close schedules the pool's and the transport's
+            # callbacks: the library's work, off the tape (replay has no connection)
+            compat.wrap_connection_work(resp, lambda fn: functools.partial(
+                seam.passthrough, tape, fn))
 
         async def pull() -> tuple[bytes, bool]:
             data = await real.readany()
