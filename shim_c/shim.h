@@ -238,7 +238,8 @@ static inline int reentered(void) {
  * listings and identity stay taped whoever calls them: their number is the program's.
  * PyGILState_Check reads runtime state and pthread_getspecific only: no lock, no
  * allocation; it answers 1 before the runtime is initialised and after it is finalised,
- * so start-up and shut-down reads of the main thread stay taped. */
+ * so start-up and shut-down reads of the main thread stay taped. Reads made with the GIL
+ * held inside CPython's deadline helpers are the same kind: see BOOKKEEPING (clock.c). */
 static inline int gil_free(void) {
     return g_py_gil_check && !g_py_gil_check();
 }

@@ -40,8 +40,7 @@ class Framework:
     agent: str
     script: str = "script.json"
     flags: tuple[str, ...] = ()
-    """``stenograph record`` flags: async frameworks whose graph runs tasks while a model
-    call is in flight need the event loop on the tape (``--asyncio``)."""
+    """Extra ``stenograph record`` flags (none: the defaults are what users get)."""
 
 
 def _record_and_replay(fw: Framework, tmp_path: Path, recordings: int = 1,
@@ -86,12 +85,12 @@ def test_langgraph(tmp_path: Path) -> None:
 
 
 def test_openai_agents(tmp_path: Path) -> None:
-    _record_and_replay(Framework("agents", "openai_agents_agent.py", flags=("--asyncio",)),
+    _record_and_replay(Framework("agents", "openai_agents_agent.py"),
                        tmp_path, 3, 10)
 
 
 def test_pydantic_ai(tmp_path: Path) -> None:
-    _record_and_replay(Framework("pydantic_ai", "pydantic_ai_agent.py", flags=("--asyncio",)),
+    _record_and_replay(Framework("pydantic_ai", "pydantic_ai_agent.py"),
                        tmp_path, 3, 10)
 
 

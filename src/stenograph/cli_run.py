@@ -130,12 +130,12 @@ def _shim_env(env: dict[str, str], mode: str, **extra: str) -> dict[str, str]:
               help="Store to record into and keep (default: .<output>.rec beside the output, "
               "removed once the .steno file is written).")
 @click.option("--traj", default=None, help="Trajectory id (default: run-<time>-<pid>).")
-@click.option("--asyncio", "asyncio_loop", is_flag=True,
+@click.option("--asyncio/--no-asyncio", "asyncio_loop", default=True, show_default=True,
               help="Put asyncio event loops on the tape: tasks that run while hooked async "
               "requests are in flight (overlapping requests, asyncio.gather of streams, an "
               "async agent framework's graph: pydantic-ai, the OpenAI Agents SDK) replay in "
-              "the recorded order. Without it a hooked async call keeps the tape paused "
-              "across its awaits, exact only for one request at a time per loop. The replay "
+              "the recorded order. --no-asyncio keeps a hooked async call paused across its "
+              "awaits instead, exact only for one request at a time per loop. The replay "
               "follows the recording.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_loop: bool,

@@ -86,7 +86,21 @@ def _inline_dns_when_paused(loop_cls: Any) -> None:
     loop_cls.getnameinfo = getnameinfo
 
 
+def _patch_threading(mod: ModuleType) -> None:
+    from stenograph.interpose import ordered
+
+    ordered.patch_threading(mod)
+
+
+def _patch_thread_pool(mod: ModuleType) -> None:
+    from stenograph.interpose import ordered
+
+    ordered.patch_thread_pool(mod)
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "threading": _patch_threading,
+    "concurrent.futures.thread": _patch_thread_pool,
     "asyncio.base_events": _patch_asyncio,
     "asyncio.selector_events": _patch_asyncio_loops,
     "httpx": _patch_httpx,

@@ -18,7 +18,6 @@ does not depend on what aiohttp would have put on the wire.
 from __future__ import annotations
 
 import functools
-
 import json as jsonlib
 import weakref
 from types import ModuleType
