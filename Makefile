@@ -31,6 +31,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/shim.py
 	$(BIN)/python bench/agent_run.py
 
+soak: $(STAMP)
+	STENO_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q tests/test_fuzz_readers.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 

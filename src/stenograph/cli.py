@@ -160,7 +160,9 @@ def log_verify(path: Path, as_json: bool) -> None:
 
     Exits 3 on corruption (naming segment and offset). A torn tail at the end of
     a store's last segment is what a crash leaves: it is reported (what the next
-    writer will cut) and is not an error. Nothing is modified.
+    writer will cut) and is not an error. A .steno file must also hold every blob
+    its events reference (or list it as external, as --no-blobs exports do); a
+    missing one is corruption, named. Nothing is modified.
     """
     from stenograph.recorder.trajfile import read_trajectory
 
@@ -181,7 +183,9 @@ def log_verify(path: Path, as_json: bool) -> None:
     else:
         tf = read_trajectory(path)
         result.update(kind="trajectory", traj=tf.traj, events=len(tf.events),
-                      blobs=len(tf.blobs), format=tf.header.get("format"),
+                      blobs=len(tf.blobs),
+                      external_blobs=len(tf.header.get("external_blobs", [])),
+                      format=tf.header.get("format"),
                       written_by=tf.header.get("stenograph"))
     if as_json:
         click.echo(json.dumps(result))
@@ -194,8 +198,10 @@ def log_verify(path: Path, as_json: bool) -> None:
             click.echo(f"torn tail: {t['dropped']} bytes at {t['segment']} @ {t['offset']} "
                        f"({t['reason']}); the next writer cuts it")
     else:
+        external = (f", {result['external_blobs']} external (not in the file)"
+                    if result["external_blobs"] else "")
         click.echo(f"ok: trajectory {result['traj']}: {result['events']} events, "
-                   f"{result['blobs']} embedded blobs (format {result['format']}, "
+                   f"{result['blobs']} embedded blobs{external} (format {result['format']}, "
                    f"written by stenograph {result['written_by']})")
 
 

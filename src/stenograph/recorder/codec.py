@@ -5,29 +5,50 @@ event is a msgpack array ``[lsn, traj, seq, prev, kind, body]``. An array, not a
 map, because it is smaller and faster to pack and unpack, and the envelope is
 fixed by the format version anyway.
 
-The other payload is the *batch marker* ``[first_lsn]``: the group-commit writer
-puts one in front of every batch. Batches are written strictly one after another,
-each after the previous one's ``fdatasync`` returned, so a valid marker found
-after a damaged frame proves that frame was acknowledged. Recovery uses this to
-tell a torn final batch (cut it) from damage to acknowledged data (refuse).
+The other payload is the *batch marker*: the group-commit writer puts one in
+front of every batch. Batches are written strictly one after another, each after
+the previous one's ``fdatasync`` returned, so a valid marker found after a
+damaged frame proves that frame was acknowledged. Recovery uses this to tell a
+torn final batch (cut it) from damage to acknowledged data (refuse).
+
+That proof only holds if no event body can contain a valid marker. A marker is
+therefore ``[first_lsn, tag]``, where ``tag`` is a keyed hash (BLAKE2b, 8 bytes)
+of the segment number, the marker's own offset and ``first_lsn``, keyed with the
+store's random salt (``STENOGRAPH-STORE``). A program that writes events never
+sees the salt, and a copy of a real marker inside a body sits at another offset,
+so neither verifies. Stores made before the salt existed wrote ``[first_lsn]``;
+those markers are still read, but only trusted by the recovery scan of a store
+that has no salt (see ``segment.FrameScanner``).
+
+Decoding is total: whatever the bytes, ``decode_payload`` returns or raises
+``BadPayload`` (a ``ValueError``) or ``UnknownKind``, and a decoded body is
+nested at most ``MAX_DEPTH`` containers deep, so code that walks it recursively
+cannot overflow the stack. ``pack_body`` refuses what the reader refuses, so the
+writer never acknowledges an event it cannot read back.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
-from stenograph.recorder.errors import BadInput
+from stenograph.recorder.errors import BadInput, BadPayload
 from stenograph.recorder.kinds import check_kind
 
 FRAME_HEADER = struct.Struct("<II")
 MAX_FRAME = 64 << 20
 """Largest payload a frame may carry; bigger bodies belong in the blob store."""
+MAX_DEPTH = 256
+"""Deepest nesting of lists and maps an event body may have."""
+TAG_SIZE = 8
+SALT_SIZE = 16
+
 
 @dataclass(frozen=True, slots=True)
 class Event:
@@ -66,13 +87,33 @@ def jsonable(value: Any) -> Any:
 
 
 def pack_body(body: dict[str, Any]) -> bytes:
-    """Pack an event body; refuse values msgpack cannot represent exactly."""
+    """Pack an event body; refuse values msgpack cannot represent exactly.
+
+    Also refuse what the reader would refuse (too deep, extension types, tuple
+    keys), checked on the packed bytes exactly as the reader checks them: an
+    acknowledged event the reader refuses would cost the whole store.
+    """
     if not isinstance(body, dict):
         raise BadInput(f"event body must be a map, not {type(body).__name__}")
     try:
-        return msgpack.packb(body, use_bin_type=True, strict_types=False)
+        packed = msgpack.packb(body, use_bin_type=True, strict_types=False)
     except (TypeError, ValueError, OverflowError) as exc:
         raise BadInput(f"event body cannot be encoded: {exc}") from None
+    if not _flat(body):
+        try:
+            _checked(packed, MAX_DEPTH)
+        except BadPayload as exc:
+            raise BadInput(f"event body cannot be encoded: {exc.what}") from None
+    return packed
+
+
+_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
+_STR = frozenset({str})
+
+
+def _flat(body: dict[Any, Any]) -> bool:
+    """A map of str keys to plain scalars (a tape chunk): nothing the reader could refuse."""
+    return _STR.issuperset(map(type, body)) and _SCALARS.issuperset(map(type, body.values()))
 
 
 _ARRAY6 = b"\x96"
@@ -112,9 +153,28 @@ def envelope_frame(
     )
 
 
+class SaltedMarker(NamedTuple):
+    """A decoded ``[first_lsn, tag]`` marker, before its tag is checked against its place."""
+
+    first_lsn: int
+    tag: bytes
+
+
 def marker(first_lsn: int) -> bytes:
-    """A framed batch marker."""
+    """A framed legacy batch marker ``[first_lsn]`` (stores without a salt)."""
     return frame(msgpack.packb((first_lsn,)))
+
+
+def marker_tag(salt: bytes, number: int, offset: int, first_lsn: int) -> bytes:
+    """The tag that binds a marker to its store, segment and offset."""
+    return hashlib.blake2b(f"{number}:{offset}:{first_lsn}".encode(), key=salt,
+                           digest_size=TAG_SIZE).digest()
+
+
+def salted_marker(first_lsn: int, salt: bytes, number: int, offset: int) -> bytes:
+    """A framed batch marker, valid only at ``offset`` of segment ``number``."""
+    tag = marker_tag(salt, number, offset, first_lsn)
+    return frame(msgpack.packb((first_lsn, tag), use_bin_type=True))
 
 
 def frame(payload: bytes) -> bytes:
@@ -131,22 +191,78 @@ def encode_event(event: Event) -> bytes:
     )
 
 
-def decode_payload(payload: bytes, format_version: int) -> Event | int:
-    """Decode a payload: an Event, or the first LSN of a batch marker.
+def _no_ext(code: int, data: bytes) -> Any:
+    raise BadPayload(f"msgpack extension type {code} (stenograph never writes one)")
 
-    Raise ValueError if it is neither; UnknownKind if the kind is not known.
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and maps more than ``limit`` deep (iterative)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if d > limit:
+            return True
+        items = v.values() if isinstance(v, dict) else v
+        stack.extend((x, d + 1) for x in items if isinstance(x, (dict, list)))
+    return False
+
+
+def unpack(payload: bytes) -> Any:
+    """Unpack one msgpack value; ``BadPayload`` for anything the writer cannot have made.
+
+    Covers bad bytes, trailing bytes, unhashable map keys (a ``TypeError`` in
+    msgpack), extension types, invalid UTF-8 and nesting deeper than an envelope
+    around a ``MAX_DEPTH`` body (a recursive walk of the value is then safe).
     """
-    obj = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=False)
-    if isinstance(obj, list) and len(obj) == 1 and isinstance(obj[0], int):
+    return _checked(payload, MAX_DEPTH + 1)
+
+
+_CONTAINER_BYTES = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
+_NOT_CONTAINER = bytes(b for b in range(256) if b not in _CONTAINER_BYTES)
+
+
+def _checked(data: bytes, limit: int) -> Any:
+    """Unpack ``data`` and refuse what no writer makes (see ``unpack``).
+
+    Extension types other than msgpack's timestamp are refused by ``ext_hook``;
+    a timestamp reads as integer nanoseconds (stenograph writes none, and an
+    int is safe everywhere). Depth is walked only when the bytes hold more
+    possible container headers than ``limit``: one C-speed scan for the
+    common event instead of a walk over every value.
+    """
+    try:
+        obj = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False,
+                              ext_hook=_no_ext, timestamp=2)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BadPayload(f"not a msgpack value: {exc}") from None
+    if (len(data) > limit and len(data.translate(None, _NOT_CONTAINER)) > limit
+            and isinstance(obj, (dict, list)) and _too_deep(obj, limit)):
+        raise BadPayload(f"nested more than {limit} levels deep")
+    return obj
+
+
+def decode_payload(payload: bytes, format_version: int) -> Event | int | SaltedMarker:
+    """Decode a payload: an Event, a legacy marker's first LSN, or a salted marker.
+
+    Raise BadPayload if it is none of them; UnknownKind if the kind is not known.
+    """
+    obj = unpack(payload)
+    if type(obj) is not list:
+        raise BadPayload("payload is not an event envelope")
+    if len(obj) == 1 and type(obj[0]) is int:
         return obj[0]
-    if not isinstance(obj, list) or len(obj) != 6:
-        raise ValueError("payload is not an event envelope")
+    if len(obj) == 2 and type(obj[0]) is int and type(obj[1]) is bytes:
+        if len(obj[1]) != TAG_SIZE:
+            raise BadPayload("batch marker tag has the wrong size")
+        return SaltedMarker(obj[0], obj[1])
+    if len(obj) != 6:
+        raise BadPayload("payload is not an event envelope")
     lsn, traj, seq, prev, kind, body = obj
     if not (
-        isinstance(lsn, int) and isinstance(traj, str) and isinstance(seq, int)
-        and (prev is None or isinstance(prev, int)) and isinstance(kind, str)
+        type(lsn) is int and isinstance(traj, str) and type(seq) is int
+        and (prev is None or type(prev) is int) and isinstance(kind, str)
         and isinstance(body, dict)
     ):
-        raise ValueError("event envelope has fields of the wrong type")
+        raise BadPayload("event envelope has fields of the wrong type")
     check_kind(kind, format_version)
     return Event(lsn, traj, seq, prev, kind, body)

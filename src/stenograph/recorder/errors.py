@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "BadInput",
+    "BadPayload",
     "CorruptLog",
     "FormatVersionError",
     "NeedsPerson",
@@ -62,6 +63,17 @@ class CorruptLog(StenographError):
         super().__init__(what, f"{segment} @ {offset}")
         self.segment = segment
         self.offset = offset
+
+
+class BadPayload(StenographError, ValueError):
+    """Frame payload bytes that are no value the writer makes.
+
+    Raised by the codec, which knows no file or offset; the frame scanner turns
+    it into ``CorruptLog`` (or a torn tail) at the frame's place. A ValueError
+    too, so callers that treat undecodable bytes as ``ValueError`` keep working.
+    """
+
+    exit_code = 3
 
 
 class StorePoisoned(StenographError):

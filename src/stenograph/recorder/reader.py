@@ -2,6 +2,8 @@
 
 Readers never modify anything. On a store's last segment a torn tail is
 *reported* (``torn``), not cut; only the writer (``Store.open``) cuts it.
+Every reader is total: bytes it cannot read raise a ``StenographError``
+(``CorruptLog``, ``BadInput``), never anything else.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stenograph.recorder.codec import Event
+from stenograph.recorder.codec import SALT_SIZE, Event
 from stenograph.recorder.errors import BadInput, CorruptLog, NotAStore
 from stenograph.recorder.segment import (
     HEADER_SIZE,
@@ -23,6 +25,30 @@ from stenograph.recorder.segment import (
 )
 
 STORE_MARKER = "STENOGRAPH-STORE"
+
+
+def read_salt(path: Path) -> bytes | None:
+    """The store's marker salt from ``STENOGRAPH-STORE`` (None: a store made before salts).
+
+    A malformed salt line is refused rather than ignored: reading without the
+    salt would trust forgeable legacy markers in a store that never wrote any.
+    """
+    where = str(path / STORE_MARKER)
+    try:
+        text = (path / STORE_MARKER).read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInput("store metadata is not text", where) from None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "salt":
+            try:
+                salt = bytes.fromhex(value.strip())
+            except ValueError:
+                salt = b""
+            if len(salt) != SALT_SIZE:
+                raise BadInput(f"store metadata has a malformed salt line {line[:80]!r}", where)
+            return salt
+    return None
 
 
 @dataclass(slots=True)
@@ -69,6 +95,8 @@ class StoreReader:
         self.torn: TornTail | None = None
         self.end_offset = HEADER_SIZE
         self.last_header: SegmentHeader | None = None
+        self.next_lsn = 1
+        self.salt = read_salt(self.path)
 
     def events(self, *, traj: str | None = None, from_lsn: int = 0) -> Iterator[Event]:
         """Every event (of ``traj``, from ``from_lsn``), in LSN order."""
@@ -92,9 +120,15 @@ class StoreReader:
             if expect_lsn is not None and header.first_lsn != expect_lsn:
                 raise CorruptLog(f"segment starts at lsn {header.first_lsn}, expected {expect_lsn}",
                                  name, 0)
+            if seg.stem.isdigit() and int(seg.stem) != header.number:
+                raise CorruptLog(f"segment number {header.number} in a file named {seg.name}",
+                                 name, 0)
             expect_number = header.number + 1
             expect_lsn = header.first_lsn
-            scanner = FrameScanner(buf, name, torn_ok=last, version=header.version)
+            if self.salt is None:  # a writer may have salted the store since we opened it
+                self.salt = read_salt(self.path)
+            scanner = FrameScanner(buf, name, torn_ok=last, version=header.version,
+                                   salt=self.salt, number=header.number)
             for off, size, item in scanner:
                 if isinstance(item, Event):
                     if item.lsn != expect_lsn:

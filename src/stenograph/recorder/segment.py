@@ -6,7 +6,11 @@ where appending to a growing file also has to commit the new size and extents.
 A frame header of all zeros therefore marks the end of the data.
 
 This module also owns the scan that finds where a segment's valid data ends and
-decides whether damage is a torn tail (cut it) or corruption (refuse).
+decides whether damage is a torn tail (cut it) or corruption (refuse). That
+decision searches the bytes after the damage for a batch marker; in a store with
+a salt only a marker whose keyed tag matches its own segment and offset counts,
+so no event body (nor a copy of a real marker inside one) can pass for a later
+batch (see ``codec``).
 """
 
 from __future__ import annotations
@@ -21,8 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stenograph.recorder.codec import FRAME_HEADER, MAX_FRAME, decode_payload
-from stenograph.recorder.errors import BadInput, CorruptLog, FormatVersionError
+from stenograph.recorder.codec import (
+    FRAME_HEADER,
+    MAX_FRAME,
+    SaltedMarker,
+    decode_payload,
+    marker_tag,
+)
+from stenograph.recorder.errors import BadInput, CorruptLog, FormatVersionError, StenographError
 from stenograph.recorder.kinds import FORMAT_VERSION
 
 HEADER = struct.Struct("<8sHHIQQ")
@@ -30,12 +40,16 @@ HEADER_SIZE = HEADER.size
 WAL_MAGIC = b"STENOWAL"
 TRAJ_MAGIC = b"STENOTRJ"
 _ZERO_CHUNK = bytes(1 << 16)
-# A batch marker frame: length 1..16, any crc, payload a one-element msgpack array.
+# A legacy batch marker frame: length 1..16, any crc, payload a one-element msgpack array.
 _MARKER_RE = re.compile(rb"[\x01-\x10]\x00\x00\x00.{4}\x91", re.DOTALL)
+# A salted one: length 12..20 ([uint, bin8 of 8 bytes]), any crc, a two-element array.
+_SALTED_RE = re.compile(rb"[\x0c-\x14]\x00\x00\x00.{4}\x92", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
 class SegmentHeader:
+    """The fixed header of a segment or trajectory file."""
+
     magic: bytes
     version: int
     number: int
@@ -85,6 +99,12 @@ class FrameScanner:
     where valid data ended. Damage raises ``CorruptLog`` unless ``torn_ok`` (the
     last segment of a store) and no batch marker follows it: with no later batch
     on disk, the damaged frame belongs to a batch whose sync never returned.
+
+    With ``salt`` (the store's), a salted marker must carry the tag of segment
+    ``number`` at its offset, and the search after damage trusts only such
+    markers; legacy ``[lsn]`` markers are still read in sequence (they sit where
+    the writer put them) but prove nothing after damage, since any body can hold
+    their bytes. Without a salt (a store made before salts), the legacy search.
     """
 
     def __init__(
@@ -96,8 +116,12 @@ class FrameScanner:
         torn_ok: bool,
         version: int = FORMAT_VERSION,
         decode: Callable[[bytes, int], object] = decode_payload,
+        salt: bytes | None = None,
+        number: int = 0,
     ) -> None:
         self.decode = decode
+        self.salt = salt
+        self.number = number
         self.buf = buf
         self.name = name
         self.start = start
@@ -132,16 +156,25 @@ class FrameScanner:
                 return
             try:
                 item = self.decode(payload, self.version)
-            except ValueError:
-                self._damage(off, "frame payload is not an event")
+            except ValueError as exc:
+                self._damage(off, f"frame payload is not an event ({exc})")
                 return
+            if isinstance(item, SaltedMarker):
+                if self.salt is None or item.tag != marker_tag(
+                        self.salt, self.number, off, item.first_lsn):
+                    if off == self.start:  # placed by the header alone: no tear puts it there
+                        raise CorruptLog("batch marker was made for another store or segment "
+                                         "(salt in STENOGRAPH-STORE replaced?)", self.name, off)
+                    self._damage(off, "batch marker does not belong at this offset")
+                    return
+                item = item.first_lsn
             yield off, 8 + length, item
             off = body_at + length
 
     def _damage(self, off: int, reason: str) -> None:
         if not self.torn_ok:
             raise CorruptLog(reason, self.name, off)
-        if _marker_after(self.buf, off + 1, len(self.buf)):
+        if _marker_after(self.buf, off + 1, len(self.buf), self.salt, self.number):
             raise CorruptLog(f"{reason}; later batches were acknowledged", self.name, off)
         self.tail = Tail(off, _last_nonzero(self.buf, off, len(self.buf)) - off, reason)
 
@@ -162,17 +195,25 @@ def _last_nonzero(buf: bytes | mmap.mmap, lo: int, hi: int) -> int:
     return lo
 
 
-def _marker_after(buf: bytes | mmap.mmap, lo: int, hi: int) -> bool:
-    for m in _MARKER_RE.finditer(buf, lo, hi):
+def _marker_after(buf: bytes | mmap.mmap, lo: int, hi: int, salt: bytes | None,
+                  number: int) -> bool:
+    """Whether a batch marker the writer wrote lies in ``buf[lo:hi]``."""
+    for m in (_MARKER_RE if salt is None else _SALTED_RE).finditer(buf, lo, hi):
         at = m.start()
         length, crc = FRAME_HEADER.unpack_from(buf, at)
-        payload = buf[at + 8 : at + 8 + length]
-        if len(payload) == length and zlib.crc32(payload) == crc:
-            try:
-                if isinstance(decode_payload(payload, FORMAT_VERSION), int):
-                    return True
-            except ValueError:
-                continue
+        payload = bytes(buf[at + 8 : at + 8 + length])
+        if len(payload) != length or zlib.crc32(payload) != crc:
+            continue
+        try:
+            item = decode_payload(payload, FORMAT_VERSION)
+        except (ValueError, StenographError):
+            continue
+        if salt is None:
+            if isinstance(item, int):
+                return True
+        elif isinstance(item, SaltedMarker) and item.tag == marker_tag(
+                salt, number, at, item.first_lsn):
+            return True
     return False
 
 

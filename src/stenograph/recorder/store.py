@@ -1,7 +1,7 @@
 """The store: a directory of segments written through group commit.
 
     STORE/
-      STENOGRAPH-STORE   marker (format version), written once
+      STENOGRAPH-STORE   marker: format version and the batch-marker salt
       LOCK               flock()ed by the one writer; holds its pid
       wal/               0000000001.seg, 0000000002.seg, ... (+ spare.tmp)
       blobs/             content-addressed bodies
@@ -10,6 +10,12 @@
 Opening for writing scans every segment (to learn the next LSN and each
 trajectory's last ``seq``/``prev``), cuts a torn tail of the last segment by
 zeroing it, and reports what it cut in ``recovered``.
+
+A store made before batch markers were salted is upgraded by its first writer of
+this build: the writer starts a fresh segment (so no segment holding legacy
+markers is ever again the one whose tail is judged torn or corrupt), then adds a
+salt to ``STENOGRAPH-STORE``. Older builds cannot read salted markers and refuse
+such a store as corrupt at its first salted batch marker.
 """
 
 from __future__ import annotations
@@ -27,11 +33,19 @@ from typing import Any
 import msgpack
 
 from stenograph.recorder.blobs import BlobStore
-from stenograph.recorder.codec import Event, envelope_frame, marker, pack_body
+from stenograph.recorder.codec import (
+    SALT_SIZE,
+    TAG_SIZE,
+    Event,
+    envelope_frame,
+    marker,
+    pack_body,
+    salted_marker,
+)
 from stenograph.recorder.errors import BadInput, NotAStore, StenographError, StoreLocked
 from stenograph.recorder.group_commit import CommitSettings, GroupCommit
 from stenograph.recorder.kinds import FORMAT_VERSION, KINDS, check_kind
-from stenograph.recorder.reader import STORE_MARKER, StoreReader, TornTail, is_store
+from stenograph.recorder.reader import STORE_MARKER, StoreReader, TornTail, is_store, read_salt
 from stenograph.recorder.segment import (
     HEADER_SIZE,
     WAL_MAGIC,
@@ -71,14 +85,20 @@ def init_store(path: Path) -> None:
     for sub in ("wal", "blobs", "checkpoints"):
         (path / sub).mkdir(exist_ok=True)
     if not (path / STORE_MARKER).exists():
-        tmp = path / (STORE_MARKER + ".tmp")
-        tmp.write_text(f"stenograph store\nformat {FORMAT_VERSION}\n")
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path / STORE_MARKER)
+        _write_metadata(path, os.urandom(SALT_SIZE))
     fsync_dir(path)
     if path.parent != path:
         fsync_dir(path.parent)
+
+
+def _write_metadata(path: Path, salt: bytes) -> None:
+    """Write ``STENOGRAPH-STORE`` atomically (temp file, fsync, rename, fsync of the dir)."""
+    tmp = path / (STORE_MARKER + ".tmp")
+    tmp.write_text(f"stenograph store\nformat {FORMAT_VERSION}\nsalt {salt.hex()}\n")
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path / STORE_MARKER)
+    fsync_dir(path)
 
 
 class Store:
@@ -113,19 +133,27 @@ class Store:
         # Only once the scan has accepted the store: a refused open changes nothing.
         for leftover in wal.glob("*.tmp"):
             leftover.unlink()
+        (self.path / (STORE_MARKER + ".tmp")).unlink(missing_ok=True)
         self._trajs = trajs
         self.recovered: TornTail | None = reader.torn
-        next_lsn = getattr(reader, "next_lsn", 1)
+        next_lsn = reader.next_lsn
         self._spare: threading.Thread | None = None
         self._spare_wanted = False
+        salt = reader.salt if reader.salt is not None else read_salt(self.path)
+        seg: SegmentWriter | None = None
         if reader.segments:
-            last = reader.segments[-1]
             assert reader.last_header is not None
-            self._seg = SegmentWriter(last, reader.last_header, reader.end_offset)
+            seg = SegmentWriter(reader.segments[-1], reader.last_header, reader.end_offset)
             if reader.torn is not None:
-                self._seg.zero_from(reader.torn.offset, reader.torn.dropped)
-        else:
-            self._seg = self._new_segment(1, next_lsn, 0)
+                seg.zero_from(reader.torn.offset, reader.torn.dropped)
+            if salt is None and seg.end > HEADER_SIZE:  # legacy markers: never the tail again
+                seg.close()
+                seg = self._new_segment(reader.last_header.number + 1, next_lsn, 0)
+        if salt is None:
+            salt = os.urandom(SALT_SIZE)
+            _write_metadata(self.path, salt)
+        self._salt = salt
+        self._seg = seg if seg is not None else self._new_segment(1, next_lsn, 0)
         self._closed = False
         self._pack = msgpack.Packer(use_bin_type=True).pack  # used under the commit lock only
         self._gc = GroupCommit(self._write_batch, next_lsn, self.settings.commit)
@@ -216,8 +244,7 @@ class Store:
             with self._gc.lock:
                 self._closed = True
             if self._gc._error is None:
-                seal = marker(self._gc.next_lsn)
-                self._write_raw([seal], len(seal))
+                self._write_marked([], 0, self._gc.next_lsn)
         finally:
             self._closed = True
             if self._spare is not None:
@@ -240,13 +267,23 @@ class Store:
     # -- the write path (leader only) ------------------------------------------------
 
     def _write_batch(self, frames: list[bytes], nbytes: int, first: int, last: int) -> None:
-        m = marker(first)
-        frames.insert(0, m)
-        self._write_raw(frames, nbytes + len(m), first)
+        self._write_marked(frames, nbytes, first)
 
-    def _write_raw(self, parts: list[bytes], nbytes: int, first: int | None = None) -> None:
-        if self._seg.room() < nbytes:
-            self._rotate(first if first is not None else self._gc.next_lsn, nbytes)
+    def _write_marked(self, parts: list[bytes], nbytes: int, first: int) -> None:
+        """Write a batch marker for ``first`` and then ``parts``; sync.
+
+        The marker's tag depends on where it lands, so it is made once the
+        segment is chosen (its size does not depend on the offset).
+        """
+        need = nbytes + len(marker(first)) + 2 + TAG_SIZE  # a legacy marker + a bin8 tag
+        if self._seg.room() < need:
+            self._rotate(first, need)
+        m = salted_marker(first, self._salt, self._seg.header.number, self._seg.end)
+        assert len(m) == need - nbytes
+        parts.insert(0, m)
+        self._write_raw(parts, nbytes + len(m))
+
+    def _write_raw(self, parts: list[bytes], nbytes: int) -> None:
         self._seg.write(parts, nbytes)
         self._seg.sync()
         if not self._spare_wanted and self._seg.end * 2 > self._seg.size:

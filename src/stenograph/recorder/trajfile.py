@@ -8,6 +8,12 @@ embedded blob, a map ``{"blob": sha256_hex, "data": bytes}``.
 
 A trajectory file is written to a temporary name, synced and renamed, so it is
 never torn: any bad frame in one is corruption (exit 3), unlike a store's tail.
+
+A file is self-describing: every blob its events reference is either embedded
+or listed in the header's ``external_blobs`` (a ``--no-blobs`` export), and the
+header's ``blobs`` counts the embedded ones. ``read_trajectory`` refuses a file
+that breaks this as corrupt, naming the missing blob, so a replay never finds a
+hole halfway through.
 """
 
 from __future__ import annotations
@@ -23,11 +29,12 @@ import msgpack
 
 from stenograph import __version__
 from stenograph.recorder.blobs import BlobStore, blob_refs
-from stenograph.recorder.codec import Event, decode_payload, encode_event, frame
+from stenograph.recorder.codec import Event, decode_payload, encode_event, frame, unpack
 from stenograph.recorder.errors import BadInput, CorruptLog
 from stenograph.recorder.kinds import FORMAT_VERSION
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.segment import (
+    HEADER_SIZE,
     TRAJ_MAGIC,
     FrameScanner,
     SegmentHeader,
@@ -39,11 +46,26 @@ from stenograph.recorder.segment import (
 SUFFIX = ".steno"
 
 
+class BlobMap(dict[str, bytes]):
+    """The embedded blobs by hash; a missing one is ``CorruptLog``, not ``KeyError``.
+
+    Replay code indexes it by the hashes events reference; a file that lists a
+    blob as external (or a hand-made ``TrajectoryFile``) must still fail with one
+    line and the corrupt exit code rather than a traceback.
+    """
+
+    where: str = "trajectory file"
+
+    def __missing__(self, sha: str) -> bytes:
+        raise CorruptLog(f"blob {sha} is referenced but not embedded in the file",
+                         self.where, 0)
+
+
 @dataclass(slots=True)
 class TrajectoryFile:
     header: dict[str, Any]
     events: list[Event]
-    blobs: dict[str, bytes] = field(default_factory=dict)
+    blobs: dict[str, bytes] = field(default_factory=BlobMap)
 
     @property
     def traj(self) -> str:
@@ -65,13 +87,15 @@ def write_trajectory(
     """
     out = Path(out)
     evs = list(events)
-    embedded: dict[str, bytes] = {}
-    if blobs is not None:
-        for ev in evs:
-            for ref in blob_refs(ev.body):
-                if ref.sha256 not in embedded:
-                    embedded[ref.sha256] = blobs.get(ref)
-    header = {
+    embedded: dict[str, bytes] = BlobMap()
+    external: set[str] = set()
+    for ev in evs:
+        for ref in blob_refs(ev.body):
+            if blobs is None:
+                external.add(ref.sha256)
+            elif ref.sha256 not in embedded:
+                embedded[ref.sha256] = blobs.get(ref)
+    header: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "stenograph": __version__,
         "traj": traj,
@@ -79,6 +103,7 @@ def write_trajectory(
         "first_lsn": evs[0].lsn if evs else 0,
         "last_lsn": evs[-1].lsn if evs else 0,
         "blobs": len(embedded),
+        **({"external_blobs": sorted(external)} if external else {}),
         **(extra or {}),
     }
     parts = [
@@ -117,7 +142,7 @@ def export_trajectory(
 
 
 def _decode(payload: bytes, version: int) -> Any:
-    obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    obj = unpack(payload)
     if isinstance(obj, dict):
         return obj
     return decode_payload(payload, version)
@@ -135,12 +160,14 @@ def read_trajectory(path: str | Path) -> TrajectoryFile:
     hdr = read_header(buf, name, TRAJ_MAGIC)
     header: dict[str, Any] | None = None
     events: list[Event] = []
-    blobs: dict[str, bytes] = {}
+    blobs = BlobMap()
+    blobs.where = name
+    first_use: dict[str, tuple[int, Event]] = {}
     scanner = FrameScanner(buf, name, torn_ok=False, version=hdr.version, decode=_decode)
     prev_lsn: int | None = None
     for off, _size, item in scanner:
         if header is None:
-            if not isinstance(item, dict) or "traj" not in item:
+            if not isinstance(item, dict) or not isinstance(item.get("traj"), str):
                 raise CorruptLog("first frame is not a trajectory header", name, off)
             header = item
         elif isinstance(item, Event):
@@ -153,6 +180,12 @@ def read_trajectory(path: str | Path) -> TrajectoryFile:
                 raise CorruptLog(f"event seq {item.seq} out of order", name, off)
             prev_lsn = item.lsn
             events.append(item)
+            try:
+                refs = blob_refs(item.body)
+            except BadInput as exc:
+                raise CorruptLog(f"event seq {item.seq}: {exc.what}", name, off) from None
+            for ref in refs:
+                first_use.setdefault(ref.sha256, (off, item))
         elif isinstance(item, dict) and isinstance(item.get("blob"), str):
             data = item.get("data")
             if not isinstance(data, bytes) or hashlib.sha256(data).hexdigest() != item["blob"]:
@@ -167,7 +200,25 @@ def read_trajectory(path: str | Path) -> TrajectoryFile:
             f"header promises {header.get('events')} events, file holds {len(events)}",
             name, scanner.tail.end if scanner.tail else 0,
         )
+    _check_blobs(header, blobs, first_use, name, scanner.tail.end if scanner.tail else 0)
     return TrajectoryFile(header, events, blobs)
+
+
+def _check_blobs(header: dict[str, Any], blobs: dict[str, bytes],
+                 first_use: dict[str, tuple[int, Event]], name: str, end: int) -> None:
+    """Refuse a file whose header or events reference a blob it neither holds nor lists."""
+    external = header.get("external_blobs", [])
+    if not isinstance(external, list) or not all(isinstance(x, str) for x in external):
+        raise CorruptLog("header's external_blobs is not a list of hashes", name, HEADER_SIZE)
+    promised = header.get("blobs", len(blobs))
+    if type(promised) is not int or promised != len(blobs):
+        raise CorruptLog(f"header promises {promised!r} embedded blobs, file holds "
+                         f"{len(blobs)}", name, end)
+    listed = set(external)
+    for sha, (off, ev) in first_use.items():
+        if sha not in blobs and sha not in listed:
+            raise CorruptLog(f"missing blob {sha}: referenced by event seq {ev.seq} "
+                             f"(lsn {ev.lsn}) but not embedded", name, off)
 
 
 def import_trajectory(store: Any, path: str | Path, *, traj: str | None = None) -> str:
