@@ -231,9 +231,6 @@ def test_fuzz_prepare_tape(scratch, bodies: list[dict[str, object]]) -> None:
     shutil.rmtree(tape, ignore_errors=True)
 
 
-@pytest.mark.xfail(strict=True, raises=OSError,
-                   reason="tape.check_proc admits a process path longer than a file name "
-                          "(NAME_MAX); prepare_tape then raises OSError (tape.py)")
 def test_prepare_tape_longest_process_path(tmp_path) -> None:
     proc = "0" + ".123456789" * 64
     ev = Event(1, "t", 0, None, "TapeChunk", {"proc": proc, "thread": 0, "data": tape_bytes(1)})

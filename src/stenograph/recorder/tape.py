@@ -62,8 +62,9 @@ OP_NAMES = {
 
 
 def check_proc(proc: str) -> str:
-    """A process path is ``0`` followed by ``.N`` parts; anything else could escape TAPE/."""
-    if not isinstance(proc, str) or not _PROC_RE.fullmatch(proc):
+    """A process path is ``0`` followed by ``.N`` parts, at most a file name long (it names
+    a directory of TAPE/); anything else could escape TAPE/ or fail to be made."""
+    if not isinstance(proc, str) or len(proc) > 255 or not _PROC_RE.fullmatch(proc):
         raise CorruptLog(f"bad process path {proc!r} in a tape chunk", "tape", 0)
     return proc
 
