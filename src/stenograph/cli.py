@@ -263,6 +263,59 @@ def log_append(store: Path, traj: str, kind: str, body: str, no_sync: bool) -> N
     click.echo(lsn)
 
 
+@log.command("scan")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--secret", "secrets_", multiple=True, required=True,
+              help="A value that must not be in the log (repeatable).")
+def log_scan(path: Path, secrets_: tuple[str, ...]) -> None:
+    """Find a secret in a store or .steno file: raw, base64 (any alignment), hex or
+    URL-encoded, in every event, blob and file byte. Exits 1 if found, 0 if not.
+
+    Events are searched decoded (a compressed payload hides nothing) and every file is
+    searched as it is on disk, so a copy outside any event (a torn tail) is found too.
+    """
+    import msgpack
+
+    from stenograph.interpose.redact import encodings
+    from stenograph.recorder.blobs import blob_refs
+    from stenograph.recorder.trajfile import read_trajectory
+
+    needles = [(s, e) for s in secrets_ for e in encodings(s.encode())]
+    hits: list[str] = []
+
+    def look(where: str, data: bytes) -> None:
+        for secret, enc in needles:
+            at = data.find(enc)
+            if at >= 0:
+                how = "raw" if enc == secret.encode() else f"encoded as {enc.decode()!r}"
+                hits.append(f"{where}: {how} at byte {at}")
+
+    if _kind_of_path(path) == "store":
+        reader = StoreReader(path)
+        events: Any = reader.events()
+        blobs = {p.parent.name + p.name: p.read_bytes()
+                 for p in sorted((path / "blobs").glob("*/*")) if p.is_file()}
+        files = [p for p in sorted(path.rglob("*")) if p.is_file()]
+    else:
+        tf = read_trajectory(path)
+        events, blobs, files = tf.events, dict(tf.blobs), [path]
+    users: dict[str, list[str]] = {}
+    for i, ev in enumerate(events):
+        look(f"event {i} (lsn {ev.lsn}, {ev.kind})",
+             msgpack.packb(ev.body, use_bin_type=True, default=repr))
+        for ref in blob_refs(ev.body):
+            users.setdefault(ref.sha256, []).append(f"event {i}")
+    for sha, data in blobs.items():
+        look(f"blob {sha} (of {', '.join(users.get(sha, [])) or 'no event'})", data)
+    for f in files:
+        look(f"file {f}", f.read_bytes())
+    for line in hits:
+        click.echo(line)
+    if hits:
+        sys.exit(1)
+    click.echo(f"not found: {len(needles)} encodings of {len(secrets_)} secret(s)")
+
+
 def _register_optional() -> None:
     """Commands that live in their own modules (record/replay)."""
     try:

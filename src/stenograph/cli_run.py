@@ -41,7 +41,7 @@ from stenograph.interpose.launch import (
     snapshot_state,
 )
 from stenograph.interpose.pyenv import hook_env
-from stenograph.interpose.redact import RedactionRules
+from stenograph.interpose.redact import NAME_PATTERN, RedactionRules
 from stenograph.interpose.shim import PROTOCOL, shim_path, shim_version
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import BadInput, CorruptLog, ReplayDiverged
@@ -56,20 +56,28 @@ from stenograph.recorder.tape import (
     stream_records,
 )
 
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE",
-                         re.IGNORECASE)
+SECRET_NAME = re.compile(NAME_PATTERN, re.IGNORECASE)
 """Environment variables whose values are never written; replay supplies its own or
 ``REDACTED``. A program's behaviour rarely depends on a key's value once its model and
-tool calls are served from the tape."""
+tool calls are served from the tape. The same names as every other redaction
+(``interpose/redact.py``), plus ``STENO_REDACT_NAMES``."""
 
 REDACTED_ENV = "<redacted>"
 
 
 def recorded_env(environ: dict[str, str]) -> dict[str, str]:
     """The program's whole environment as recorded: the replay restores exactly this, so
-    e.g. ``OPENAI_BASE_URL`` (part of every request fingerprint) is the recorded one."""
-    return {k: (REDACTED_ENV if SECRET_NAME.search(k) else v) for k, v in environ.items()
+    e.g. ``OPENAI_BASE_URL`` (part of every request fingerprint) is the recorded one. A
+    secret-named variable's value, a URL's password and copies of either are redacted."""
+    rules = RedactionRules.from_env(environ, [])
+    return {k: rules.env_value(k, v) for k, v in environ.items()
             if not k.startswith("STENO_") and k != "LD_PRELOAD"}
+
+
+def recorded_argv(argv: list[str], environ: dict[str, str]) -> list[str]:
+    """The command as recorded: values of secret-named flags (``--api-key V``,
+    ``--token=V``) and arguments equal to a secret of the environment redacted."""
+    return RedactionRules.from_env(environ, []).argv(argv)
 
 
 def replay_env(recorded: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
@@ -156,7 +164,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
         env = _base_env()
         with Store(store_path) as store:
             store.append(traj, "RunStarted", {
-                "argv": argv,
+                "argv": recorded_argv(argv, dict(os.environ)),
                 "cwd": os.getcwd(),
                 "env": recorded_env(dict(os.environ)),
                 "shim": shim_version(),

@@ -29,16 +29,20 @@ def classify(url: str) -> str:
 
 def describe(tape: PyTape, method: str, url: str, headers: list[tuple[str, str]],
              body: bytes) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """(request as recorded, request as matched, fingerprint), all redacted."""
+    """(request as recorded, request as matched, fingerprint), all redacted the same way in
+    record and replay (headers, which teach the rules the keys to scrub, first), so a
+    replayed request is matched on the form its recording was written in."""
     rules = tape.rules
+    red_headers = rules.header_items(headers)  # first, in both modes: it learns the keys
+    ctype = next((v for k, v in headers if k.lower() == "content-type"), "")
     red_url = rules.url(url)
-    red_body = rules.body(body)
+    red_body = rules.body(body, ctype)
     fp = fingerprint(method, red_url, red_body)
     match = {"method": method.upper(), "url": red_url, "body": red_body}
     if tape.mode != "record":
         return {}, match, fp
     recorded = {"method": method.upper(), "url": red_url,
-                "headers": rules.header_items(headers), "body": tape.spill(red_body)}
+                "headers": red_headers, "body": tape.spill(red_body)}
     return recorded, match, fp
 
 

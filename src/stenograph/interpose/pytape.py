@@ -166,7 +166,7 @@ class PyTape:
 
     def commit(self, channel: str, pos: int, entry: dict[str, Any]) -> None:
         """Send a finished entry to the recorder; return once it is durable."""
-        entry = _fit_scrubbed(self.rules.scrub(entry))
+        entry = _fit_scrubbed(self.rules.scrub(self.rules.response(entry, self._blobs)))
         with self._lock:
             self.shim.collect()
             if self.shim.imported:
