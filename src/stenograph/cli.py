@@ -15,9 +15,10 @@ from typing import Any, NoReturn
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from stenograph import __version__
+from stenograph.cli_checks import input_file, output_file, traj_id
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import BadInput, StenographError
 from stenograph.recorder.reader import StoreReader, is_store
@@ -65,6 +66,7 @@ def _kind_of_path(path: Path) -> str:
         raise BadInput("directory is not a stenograph store", str(path))
     if not path.exists():
         raise BadInput("no such file or directory", str(path))
+    input_file(path, "a .steno file or a store")  # a named pipe would block the open
     with open(path, "rb") as f:
         magic = f.read(8)
     if magic == TRAJ_MAGIC:
@@ -106,7 +108,8 @@ def log_ls(store: Path, as_json: bool) -> None:
             "torn_tail": None if reader.torn is None else vars_of(reader.torn),
         }))
         return
-    table = Table("trajectory", "events", "bytes", "lsn", "kinds", title=str(store))
+    table = Table(Column("trajectory", overflow="fold"),  # an id wraps, never cut
+                  "events", "bytes", "lsn", "kinds", title=str(store))
     for s in summary.values():
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(s.kinds.items()))
         table.add_row(s.traj, str(s.events), str(s.bytes), f"{s.first_lsn}-{s.last_lsn}", kinds)
@@ -215,10 +218,7 @@ def log_export(store: Path, traj: str, output: Path, no_blobs: bool) -> None:
     """Export trajectory TRAJ of STORE into a self-contained .steno file."""
     from stenograph.recorder.trajfile import export_trajectory
 
-    if output.is_dir():
-        raise BadInput("output is a directory", str(output))
-    if not output.parent.exists():
-        raise BadInput("output directory does not exist", str(output.parent))
+    output_file(output, inputs=(store,))
     tf = export_trajectory(store, traj, output, embed_blobs=not no_blobs)
     click.echo(f"wrote {output}: {len(tf.events)} events, {len(tf.blobs)} blobs")
 
@@ -232,6 +232,9 @@ def log_import(file: Path, store: Path, as_traj: str | None) -> None:
     from stenograph.recorder.store import Store
     from stenograph.recorder.trajfile import import_trajectory, read_trajectory
 
+    input_file(file)
+    if as_traj is not None:
+        traj_id(as_traj)
     read_trajectory(file)  # check the input fully before touching the store
     with Store(store) as st:
         name = import_trajectory(st, file, traj=as_traj)

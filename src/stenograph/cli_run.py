@@ -29,6 +29,7 @@ from typing import Any
 import click
 
 from stenograph import __version__
+from stenograph.cli_checks import input_file, output_file, traj_id
 from stenograph.interpose.launch import (
     RunResult,
     Seal,
@@ -150,10 +151,11 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
            cmd: tuple[str, ...]) -> None:
     """Run CMD under the tape and record everything it reads from the world."""
     argv = list(cmd)
-    traj = traj or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-    out = Path(output) if output else Path(f"{traj}.steno")
-    if out.is_dir() or not out.parent.is_dir():
-        raise BadInput("output must be a file in an existing directory", str(out))
+    traj = traj_id(traj) if traj is not None else (
+        f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    out = output_file(output if output else f"{traj}.steno")
+    if store_dir and Path(store_dir).resolve() in (out.resolve(), *out.resolve().parents):
+        raise BadInput("output is inside the store", str(out))
     check_dynamic(resolve_program(argv, _base_env()))  # refuse before creating anything
     tmp = tempfile.mkdtemp(prefix="steno-rec-")
     store_path = Path(store_dir) if store_dir else out.parent / f".{out.name}.rec"
@@ -262,6 +264,7 @@ def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[
 def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unsealed: bool,
            keep_tape: str | None, cmd: tuple[str, ...]) -> None:
     """Re-run a recorded command, serving every recorded clock, byte and listing."""
+    input_file(file)
     started, ended, events, blobs = _load(file)
     recorded = str(started.get("shim") or "?").partition("/")[0]
     if recorded != str(PROTOCOL):

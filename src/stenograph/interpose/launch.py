@@ -82,6 +82,8 @@ def resolve_program(argv: Sequence[str], env: Mapping[str, str]) -> str:
     found = prog if "/" in prog else shutil.which(prog, path=env.get("PATH"))
     if not found or not os.path.exists(found):
         raise BadInput("command not found", prog)
+    if os.path.isdir(found) or not os.access(found, os.X_OK):
+        raise BadInput("not an executable file", prog)
     return found
 
 
