@@ -120,3 +120,13 @@ def test_log_ls_never_cuts_a_trajectory_id(tmp_path: Path) -> None:
     first_column = [ln.split("│")[1].strip() for ln in out.splitlines()
                     if ln.startswith("│") and ln.count("│") > 2]
     assert "".join(first_column) == long_id, out
+
+
+def test_a_refused_import_leaves_the_store_as_it_was(tmp_path: Path, store: Path) -> None:
+    steno = tmp_path / "t1.steno"
+    assert _run(["log", "export", str(store), "t1", "-o", str(steno)], tmp_path).returncode == 0
+    before = _tree(tmp_path)
+    p = _run(["log", "import", str(steno), str(store)], tmp_path)  # t1 is already there
+    _refused(p)
+    assert "already has a trajectory" in p.stderr
+    assert _tree(tmp_path) == before  # not even LOCK rewritten or a close marker added

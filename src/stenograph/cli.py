@@ -235,7 +235,10 @@ def log_import(file: Path, store: Path, as_traj: str | None) -> None:
     input_file(file)
     if as_traj is not None:
         traj_id(as_traj)
-    read_trajectory(file)  # check the input fully before touching the store
+    tf = read_trajectory(file)  # check the input fully before touching the store
+    name = as_traj or tf.traj
+    if is_store(store) and name in StoreReader(store).summary():  # read-only: no LOCK
+        raise BadInput(f"the store already has a trajectory {name!r}", str(store))
     with Store(store) as st:
         name = import_trajectory(st, file, traj=as_traj)
         n = st.trajectories()[name]
