@@ -20,7 +20,7 @@ from rich.table import Column, Table
 from stenograph import __version__
 from stenograph.cli_checks import input_file, output_file, traj_id
 from stenograph.recorder.codec import Event
-from stenograph.recorder.errors import BadInput, StenographError
+from stenograph.recorder.errors import WRITE_ERRNOS, BadInput, StenographError, WriteFailed
 from stenograph.recorder.reader import StoreReader, is_store
 from stenograph.recorder.segment import TRAJ_MAGIC, WAL_MAGIC
 
@@ -362,6 +362,10 @@ def run(argv: list[str] | None = None) -> int:
         fail("interrupted", 130)
     except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         fail(f"{exc.strerror} ({exc.filename})", 2)
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        fail(f"{exc.strerror} ({exc.filename})", WriteFailed.exit_code)
     return 0
 
 

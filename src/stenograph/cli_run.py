@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -45,7 +45,13 @@ from stenograph.interpose.pyenv import hook_env
 from stenograph.interpose.redact import NAME_PATTERN, RedactionRules
 from stenograph.interpose.shim import PROTOCOL, shim_path, shim_version
 from stenograph.recorder.codec import Event
-from stenograph.recorder.errors import BadInput, CorruptLog, ReplayDiverged
+from stenograph.recorder.errors import (
+    WRITE_ERRNOS,
+    BadInput,
+    CorruptLog,
+    ReplayDiverged,
+    WriteFailed,
+)
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import (
@@ -162,50 +168,20 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
     if not store_dir and store_path.exists():
         raise BadInput("an interrupted recording is in the way; export it with "
                        "`stenograph log export` or remove it", str(store_path))
+    existed = store_path.exists()
+    ran: dict[str, RunResult] = {}
     try:
         env = _base_env()
-        with Store(store_path) as store:
-            store.append(traj, "RunStarted", {
-                "argv": recorded_argv(argv, dict(os.environ)),
-                "cwd": os.getcwd(),
-                "env": recorded_env(dict(os.environ)),
-                "shim": shim_version(),
-                "stenograph": __version__,
-                "started": time.time(),
-                "redaction": RedactionRules.from_env().to_body(),
-                "sealed_state": snapshot_state(),  # what replay puts back (launch.Seal)
-                "asyncio": asyncio_loop,
-            })
-            session = RecordSession(store, traj, Path(tmp) / "tape.sock")
-            exchanges = ExchangeServer(store, traj, Path(tmp) / "py.sock")
-            flusher = _Flusher(store)
-            tmp_before = listing(seal_roots(env))
-            try:
-                loop_env = {"STENO_ASYNCIO": "1"} if asyncio_loop else {}
-                result = run_under_shim(argv, _shim_env(
-                    env, "record", STENO_SOCK=session.sock_path,
-                    STENO_PYSOCK=exchanges.path, STENO_STORE=str(store_path.resolve()),
-                    **loop_env))
-            finally:
-                flusher.close()
-                exchanges.close()
-                stats = session.close()
-            stalls = _stalls(Path(session.sock_path).parent / "stalls")
-            store.append(traj, "RunEnded", {
-                "status": result.status,
-                "stdout_sha256": result.stdout_sha256,
-                "stderr_sha256": result.stderr_sha256,
-                "chunks": stats.chunks,
-                "processes": sorted(stats.procs),
-                "exchanges": exchanges.count,
-                "errors": (stats.errors + exchanges.errors)[:20],
-                # names the run created in /tmp, /var/tmp, $TMPDIR: hidden at replay
-                "tmp_created": created_names(tmp_before, listing(list(tmp_before))),
-                "stalls": stalls,
-            })
-        from stenograph.recorder.trajfile import export_trajectory
+        try:
+            stats, exchanges, stalls, result = _record_into(
+                store_path, traj, argv, env, tmp, asyncio_loop, ran)
+            from stenograph.recorder.trajfile import export_trajectory
 
-        export_trajectory(store_path, traj, out)
+            export_trajectory(store_path, traj, out)
+        except OSError as exc:
+            if exc.errno not in WRITE_ERRNOS:
+                raise
+            _record_failed(exc, store_path, existed, traj, ran.get("result"))
         if not store_dir:
             shutil.rmtree(store_path, ignore_errors=True)
         click.echo(
@@ -222,6 +198,72 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     sys.exit(_exit_code(result.status))
+
+
+def _record_failed(exc: OSError, store_path: Path, existed: bool, traj: str,
+                   result: RunResult | None) -> NoReturn:
+    """A write refused mid-record: say what survived and what to do with it."""
+    what = f"{exc.strerror} ({exc.filename or store_path})"
+    if result is None:
+        if not existed:  # nothing the program did is in it: leave no half store
+            shutil.rmtree(store_path, ignore_errors=True)
+        raise WriteFailed(f"{what}: the recording stopped before the program finished; "
+                          f"what was durable is in {store_path} (export it with `stenograph "
+                          f"log export {store_path} {traj} -o FILE`, or remove it)"
+                          if existed or store_path.exists() else
+                          f"{what}: nothing was recorded") from None
+    raise WriteFailed(f"{what}: the program exited {result.status}; the run up to the last "
+                      f"durable event is in {store_path}: `stenograph log export {store_path} "
+                      f"{traj} -o FILE` writes it out, or remove it") from None
+
+
+def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, str],
+                 tmp: str, asyncio_loop: bool, ran: dict[str, RunResult]
+                 ) -> tuple[Any, Any, list[dict[str, str]], RunResult]:
+    """Run ARGV under the tape into STORE_PATH: RunStarted, the run, RunEnded. The
+    program's result goes into ``ran`` as soon as it has one (a failure after it must
+    still report the program's exit status)."""
+    with Store(store_path) as store:
+        store.append(traj, "RunStarted", {
+            "argv": recorded_argv(argv, dict(os.environ)),
+            "cwd": os.getcwd(),
+            "env": recorded_env(dict(os.environ)),
+            "shim": shim_version(),
+            "stenograph": __version__,
+            "started": time.time(),
+            "redaction": RedactionRules.from_env().to_body(),
+            "sealed_state": snapshot_state(),  # what replay puts back (launch.Seal)
+            "asyncio": asyncio_loop,
+        })
+        session = RecordSession(store, traj, Path(tmp) / "tape.sock")
+        exchanges = ExchangeServer(store, traj, Path(tmp) / "py.sock")
+        flusher = _Flusher(store)
+        tmp_before = listing(seal_roots(env))
+        try:
+            loop_env = {"STENO_ASYNCIO": "1"} if asyncio_loop else {}
+            result = run_under_shim(argv, _shim_env(
+                env, "record", STENO_SOCK=session.sock_path,
+                STENO_PYSOCK=exchanges.path, STENO_STORE=str(store_path.resolve()),
+                **loop_env))
+            ran["result"] = result
+        finally:
+            flusher.close()
+            exchanges.close()
+            stats = session.close()
+        stalls = _stalls(Path(session.sock_path).parent / "stalls")
+        store.append(traj, "RunEnded", {
+            "status": result.status,
+            "stdout_sha256": result.stdout_sha256,
+            "stderr_sha256": result.stderr_sha256,
+            "chunks": stats.chunks,
+            "processes": sorted(stats.procs),
+            "exchanges": exchanges.count,
+            "errors": (stats.errors + exchanges.errors)[:20],
+            # names the run created in /tmp, /var/tmp, $TMPDIR: hidden at replay
+            "tmp_created": created_names(tmp_before, listing(list(tmp_before))),
+            "stalls": stalls,
+        })
+    return stats, exchanges, stalls, result
 
 
 def _stalls(path: Path) -> list[dict[str, str]]:

@@ -131,6 +131,7 @@ class PyTape:
         self._next: dict[str, int] = {}
         self._sock_path = sock_path
         self._sock: socket.socket | None = None
+        self.lost = 0  # entries the recorder did not take (record): see commit
         self._blobs = BlobStore(Path(store_dir) / "blobs") if store_dir else None
         self._tape_dir = Path(tape_dir) if tape_dir else None
         self._streams: dict[str, list[dict[str, Any]]] | None = None
@@ -158,14 +159,33 @@ class PyTape:
     # -- record -------------------------------------------------------------------------
 
     def spill(self, data: bytes) -> bytes | dict[str, Any]:
-        """Keep small bodies inline; put large ones (scrubbed) in the blob store."""
+        """Keep small bodies inline; put large ones (scrubbed) in the blob store. A body
+        the blob store cannot take (a full disk) stays inline: the recording must never
+        be why the program's own request fails."""
         data = self.rules.scrub(data)
         if len(data) <= SPILL or self._blobs is None:
             return data
-        return self._blobs.put(data).to_body()
+        try:
+            return self._blobs.put(data).to_body()
+        except OSError:
+            return data
 
     def commit(self, channel: str, pos: int, entry: dict[str, Any]) -> None:
-        """Send a finished entry to the recorder; return once it is durable."""
+        """Send a finished entry to the recorder; return once it is durable.
+
+        Whatever goes wrong on the way (a full disk, the recorder gone) is the
+        recording's failure, never the program's: nothing is raised into the program's
+        call. The entry is then missing from the recording (``lost`` counts it, and the
+        ones after it are not sent), and a replay stops there with a divergence."""
+        if self.lost:
+            self.lost += 1
+            return
+        try:
+            self._commit(channel, pos, entry)
+        except (OSError, RuntimeError):
+            self.lost += 1
+
+    def _commit(self, channel: str, pos: int, entry: dict[str, Any]) -> None:
         entry = _fit_scrubbed(self.rules.scrub(self.rules.response(entry, self._blobs)))
         with self._lock:
             self.shim.collect()

@@ -6,7 +6,10 @@ The CLI prints ``stenograph: error: <what> (<where>)`` and exits with
 
 from __future__ import annotations
 
+import errno
+
 __all__ = [
+    "WRITE_ERRNOS",
     "BadInput",
     "BadPayload",
     "CorruptLog",
@@ -18,6 +21,7 @@ __all__ = [
     "StoreLocked",
     "StorePoisoned",
     "UnknownKind",
+    "WriteFailed",
 ]
 
 
@@ -97,3 +101,15 @@ class NeedsPerson(StenographError):
     """An in-doubt action that only a person can settle."""
 
     exit_code = 4
+
+
+class WriteFailed(StenographError):
+    """The system refused a write stenograph had to make (a full disk, an I/O error, a
+    read-only file system): what was durable before it stays, and the message says
+    where it is and what to do with it."""
+
+    exit_code = 5
+
+
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
+"""An ``OSError`` with one of these is a write the system refused (exit 5), not bad input."""
