@@ -4,7 +4,8 @@ Overlapping streamed completions in one loop (AsyncOpenAI over httpx), with a ta
 reads clocks while they are in flight, are recorded three times and each recording is
 replayed three times, all bit-identical. (Four streams: 15/15 replays alone, but one
 replay in nine stalled under the full suite -- a turn never came while every executor
-worker waited on its queue -- so it is measured in the closing note, not asserted.) With ``--no-asyncio`` the same program does not replay (the hook keeps the tape paused
+worker waited on its queue -- so it is measured in the closing note, not asserted.)
+With ``--no-asyncio`` the same program does not replay (the hook keeps the tape paused
 across its awaits, so the ticker's clock reads are untaped under record): the loop on
 the tape is what makes the difference, and the test says so.
 """
