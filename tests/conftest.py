@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import shutil
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +114,30 @@ def flip_bit(path: Path, offset: int, bit: int) -> None:
         assert len(b) == 1, f"offset {offset} is past the end of {path}"
         f.seek(offset)
         f.write(bytes([b[0] ^ (1 << bit)]))
+
+
+class _CountingHandler(BaseHTTPRequestHandler):
+    """Answers every GET and POST with ``got N`` (N: request body bytes)."""
+
+    def _answer(self) -> None:
+        n = int(self.headers.get("content-length") or 0)
+        body = f"got {len(self.rfile.read(n))}".encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def counting_server() -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1 for programs under record; its base URL."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _CountingHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()

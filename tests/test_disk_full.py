@@ -11,9 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -27,27 +25,6 @@ sys.exit(3)
 """
 
 
-class _Echo(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        n = int(self.headers.get("content-length") or 0)
-        got = len(self.rfile.read(n))
-        body = f"got {got}".encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture()
-def server() -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
 
 
 @pytest.fixture()
@@ -75,19 +52,19 @@ def _fill(disk: Path, leave_kib: int) -> None:
             left -= f.write(chunk[: min(left, len(chunk))])
 
 
-def _record(tmp: Path, disk: Path, server: str) -> subprocess.CompletedProcess[str]:
+def _record(tmp: Path, disk: Path, url: str) -> subprocess.CompletedProcess[str]:
     prog = tmp / "agent.py"
     prog.write_text(PROGRAM)
     env = {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
     return subprocess.run([*CLI, "record", "--store", str(disk / "store"), "-o",
-                           str(tmp / "out.steno"), "--", sys.executable, str(prog), server],
+                           str(tmp / "out.steno"), "--", sys.executable, str(prog), url],
                           cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_no_room_for_a_store_is_one_line_and_leaves_nothing(tmp_path: Path, small_disk: Path,
-                                                            server: str) -> None:
+                                                            counting_server: str) -> None:
     _fill(small_disk, 1000)  # less than one preallocated segment
-    p = _record(tmp_path, small_disk, server)
+    p = _record(tmp_path, small_disk, counting_server)
     assert p.returncode == 5, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "No space left on device" in lines[0], p.stderr
@@ -96,9 +73,9 @@ def test_no_room_for_a_store_is_one_line_and_leaves_nothing(tmp_path: Path, smal
 
 
 def test_a_body_with_no_room_does_not_harm_the_program(tmp_path: Path, small_disk: Path,
-                                                       server: str) -> None:
+                                                       counting_server: str) -> None:
     _fill(small_disk, 33000)  # a segment fits; the 1 MiB body's blob does not
-    p = _record(tmp_path, small_disk, server)
+    p = _record(tmp_path, small_disk, counting_server)
     assert "status 200 got 1048576" in p.stdout, (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr, p.stderr
     assert p.returncode == 3, p.stderr  # the program's own exit status, kept

@@ -15,12 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-
-import pytest
 
 PY = sys.executable  # the venv: the programs import requests
 CLI = [sys.executable, "-m", "stenograph"]
@@ -58,26 +53,6 @@ def test_a_divergence_says_where_the_program_was(tmp_path: Path) -> None:
     assert any(str(prog) in line and "in stamp" in line for line in stack), stack
 
 
-class _Ok(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b'{"ok": true}'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture()
-def server() -> Iterator[str]:
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
 
 
 CYCLES = textwrap.dedent("""
@@ -99,13 +74,13 @@ CYCLES = textwrap.dedent("""
 
 
 def test_cycles_are_collected_at_the_same_points_in_record_and_replay(
-        tmp_path: Path, server: str) -> None:
+        tmp_path: Path, counting_server: str) -> None:
     prog = tmp_path / "cycles.py"
     prog.write_text(CYCLES)
-    plain = subprocess.run([PY, str(prog), server], env=_env(), capture_output=True,
+    plain = subprocess.run([PY, str(prog), counting_server], env=_env(), capture_output=True,
                            timeout=60)
     assert b"automatic collection: True" in plain.stdout
-    steno, out = _record(tmp_path, [PY, str(prog), server])
+    steno, out = _record(tmp_path, [PY, str(prog), counting_server])
     text = out.decode()
     assert "automatic collection: False" in text, text
     # each cycle is collected at the exchange that follows it
