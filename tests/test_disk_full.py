@@ -79,3 +79,141 @@ def test_a_body_with_no_room_does_not_harm_the_program(tmp_path: Path, small_dis
     assert "status 200 got 1048576" in p.stdout, (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr, p.stderr
     assert p.returncode == 3, p.stderr  # the program's own exit status, kept
+
+
+# -- log append / import / export onto a full disk ---------------------------------------
+
+
+def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def _one_line(p: subprocess.CompletedProcess[str]) -> str:
+    """A full disk: exit 5 and one line naming it, no traceback."""
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 5, p.stderr
+    assert len(lines) == 1 and "No space left on device" in lines[0], p.stderr
+    assert lines[0].startswith("stenograph: error: "), p.stderr
+    return lines[0]
+
+
+def _nearly_full_store(path: Path) -> None:
+    """A store whose tail segment (64 KiB, made with small segments) has ~14 KiB left, so
+    the next event of 20 KiB needs a new (32 MiB, preallocated) segment."""
+    from stenograph.recorder.store import Store, StoreSettings
+
+    with Store(path, settings=StoreSettings(segment_bytes=64 << 10)) as st:
+        for i in range(50):
+            st.append("a", "Note", {"i": i, "pad": "p" * 1000})
+
+
+def _cat(store: Path) -> list[str]:
+    p = _cli("log", "cat", store, "--json")
+    assert p.returncode == 0, p.stderr
+    return p.stdout.splitlines()
+
+
+def _verified(store: Path) -> None:
+    p = _cli("log", "verify", store)
+    assert p.returncode == 0 and p.stdout.startswith("ok: "), (p.stdout, p.stderr)
+
+
+def _leftovers(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_append_onto_a_full_disk_is_one_line_and_keeps_the_store(small_disk: Path) -> None:
+    store = small_disk / "store"
+    _nearly_full_store(store)
+    before = _cat(store)
+    _fill(small_disk, 1000)
+    line = _one_line(_cli("log", "append", store, "--traj", "a", "--kind", "Note",
+                          "--body", '{"big": "%s"}' % ("b" * 20000)))
+    assert "the event was not appended" in line and str(store) in line, line
+    _verified(store)
+    assert _cat(store) == before
+    assert not _leftovers(store)  # the half-made segment gave its space back
+    # the store takes the next command: a small event still fits the tail segment
+    p = _cli("log", "append", store, "--traj", "a", "--kind", "Note", "--body", '{"n": 1}')
+    assert p.returncode == 0, p.stderr
+    assert _cat(store)[:-1] == before
+
+
+def test_append_to_a_new_store_on_a_full_disk_leaves_none(small_disk: Path) -> None:
+    _fill(small_disk, 1000)  # less than one preallocated segment
+    line = _one_line(_cli("log", "append", small_disk / "new", "--traj", "a", "--kind", "Note"))
+    assert "no store was made" in line, line
+    assert not (small_disk / "new").exists()
+
+
+def _steno(tmp: Path, *, events: int, blob: int) -> Path:
+    """A trajectory file ``b`` of ``events`` 1 KiB events, the first holding a ``blob``-byte
+    blob (0: none), made off the small disk."""
+    from stenograph.recorder.store import Store
+    from stenograph.recorder.trajfile import export_trajectory
+
+    with Store(tmp / "src") as st:
+        for i in range(events):
+            body: dict[str, object] = {"i": i, "pad": "q" * 1000}
+            if i == 0 and blob:
+                body["data"] = st.blobs.put(os.urandom(blob)).to_body()
+            st.append("b", "Note", body, durable=False)
+    out = tmp / "b.steno"
+    export_trajectory(tmp / "src", "b", out)
+    return out
+
+
+@pytest.mark.parametrize("short_of", ["blob", "events"])
+def test_import_onto_a_full_disk_is_all_or_nothing(tmp_path: Path, small_disk: Path,
+                                                   short_of: str) -> None:
+    store = small_disk / "store"
+    _nearly_full_store(store)
+    before = _cat(store)
+    blobs_before = sorted(p.name for p in (store / "blobs").rglob("*") if p.is_file())
+    # "blob": its 2 MiB blob finds no room; "events": 30 KiB of events need a new segment
+    f = _steno(tmp_path, events=1 if short_of == "blob" else 30,
+               blob=(2 << 20) if short_of == "blob" else 0)
+    _fill(small_disk, 1000)
+    line = _one_line(_cli("log", "import", f, store))
+    assert "nothing was imported; the store is as it was" in line, line
+    _verified(store)
+    assert _cat(store) == before
+    assert sorted(p.name for p in (store / "blobs").rglob("*") if p.is_file()) == blobs_before
+    assert not _leftovers(store)
+    (small_disk / "pad").unlink()  # room again: the same import now goes through whole
+    p = _cli("log", "import", f, store)
+    assert p.returncode == 0, p.stderr
+    _verified(store)
+    assert _cat(store)[: len(before)] == before
+
+
+def test_import_to_a_new_store_on_a_full_disk_leaves_none(tmp_path: Path,
+                                                          small_disk: Path) -> None:
+    f = _steno(tmp_path, events=1, blob=0)
+    _fill(small_disk, 1000)
+    line = _one_line(_cli("log", "import", f, small_disk / "new"))
+    assert "no store was made" in line, line
+    assert not (small_disk / "new").exists()
+
+
+def test_export_onto_a_full_disk_leaves_no_partial_file(tmp_path: Path,
+                                                        small_disk: Path) -> None:
+    from stenograph.recorder.store import Store
+
+    with Store(tmp_path / "src") as st:  # off the small disk: only the output is short
+        st.append("t", "Note", {"data": st.blobs.put(os.urandom(2 << 20)).to_body()})
+    out = small_disk / "t.steno"
+    _fill(small_disk, 1000)
+    line = _one_line(_cli("log", "export", tmp_path / "src", "t", "-o", out))
+    assert "nothing was written" in line and str(out) in line, line
+    assert sorted(p.name for p in small_disk.iterdir()) == ["pad"]  # no OUT, no temp file
+    # an OUT that was there stays as it was
+    (small_disk / "pad").unlink()
+    assert _cli("log", "append", tmp_path / "old", "--traj", "t", "--kind", "Note").returncode == 0
+    assert _cli("log", "export", tmp_path / "old", "t", "-o", out).returncode == 0
+    old = out.read_bytes()
+    _fill(small_disk, 1000)
+    line = _one_line(_cli("log", "export", tmp_path / "src", "t", "-o", out))
+    assert f"{out} is as it was" in line, line
+    assert out.read_bytes() == old
+    assert sorted(p.name for p in small_disk.iterdir()) == ["pad", "t.steno"]

@@ -219,7 +219,15 @@ def log_export(store: Path, traj: str, output: Path, no_blobs: bool) -> None:
     from stenograph.recorder.trajfile import export_trajectory
 
     output_file(output, inputs=(store,))
-    tf = export_trajectory(store, traj, output, embed_blobs=not no_blobs)
+    existed = output.exists()
+    try:
+        tf = export_trajectory(store, traj, output, embed_blobs=not no_blobs)
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        raise WriteFailed(f"{exc.strerror}: nothing was written"
+                          + (f", {output} is as it was" if existed else ""),
+                          str(exc.filename or output)) from None
     click.echo(f"wrote {output}: {len(tf.events)} events, {len(tf.blobs)} blobs")
 
 
@@ -239,9 +247,15 @@ def log_import(file: Path, store: Path, as_traj: str | None) -> None:
     name = as_traj or tf.traj
     if is_store(store) and name in StoreReader(store).summary():  # read-only: no LOCK
         raise BadInput(f"the store already has a trajectory {name!r}", str(store))
-    with Store(store) as st:
-        name = import_trajectory(st, file, traj=as_traj)
-        n = st.trajectories()[name]
+    try:
+        with Store(store) as st:
+            name = import_trajectory(st, file, traj=as_traj)
+            n = st.trajectories()[name]
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        raise WriteFailed(f"{exc.strerror}: {_what_stayed(store, name, len(tf.events))}",
+                          str(exc.filename or store)) from None
     click.echo(f"imported {name}: {n} events")
 
 
@@ -264,9 +278,30 @@ def log_append(store: Path, traj: str, kind: str, body: str, no_sync: bool) -> N
         raise BadInput("--body must be a JSON object")
     check_kind(kind)
     check_traj(traj)
-    with Store(store) as st:
-        lsn = st.append(traj, kind, parsed, durable=not no_sync)
+    try:
+        with Store(store) as st:
+            lsn = st.append(traj, kind, parsed, durable=not no_sync)
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        raise WriteFailed(f"{exc.strerror}: the event was not appended; the store is as it was"
+                          if is_store(store) else f"{exc.strerror}: no store was made",
+                          str(exc.filename or store)) from None
     click.echo(lsn)
+
+
+def _what_stayed(store: Path, traj: str, events: int) -> str:
+    """After a refused import: what the store holds of it (read-only, no lock)."""
+    if not is_store(store):
+        return "nothing was imported, no store was made"
+    try:
+        got = StoreReader(store).summary().get(traj)
+    except StenographError:
+        got = None
+    if got is None:
+        return "nothing was imported; the store is as it was"
+    return (f"{got.events} of the {events} events of {traj!r} are in the store (an I/O "
+            "error after they were written); import into a new store to get all of them")
 
 
 @log.command("scan")

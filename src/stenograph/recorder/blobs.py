@@ -4,7 +4,8 @@ An event refers to a blob with a map ``{"$blob": sha256_hex, "size": n}``
 anywhere in its body (``BlobRef.to_body``); ``blob_refs`` finds them, which is
 how a trajectory export knows which blobs to embed.
 A blob is written atomically: temp file, fsync, rename, fsync of the directory,
-so a blob that has a name is complete, and a crash leaves at most a temp file.
+so a blob that has a name is complete, and a crash leaves at most a temp file
+(a refused write, a full disk, leaves none).
 Writing the same bytes twice is free: the name is the hash.
 """
 
@@ -60,13 +61,19 @@ class BlobStore:
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+        except OSError as exc:  # a full disk: the half-written copy gives its space back
+            tmp.unlink(missing_ok=True)
+            if exc.filename is None:
+                raise OSError(exc.errno, exc.strerror, str(self.root)) from None
+            raise
         dfd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)

@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import os
 import re
+import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,14 @@ from stenograph.recorder.codec import (
     pack_body,
     salted_marker,
 )
-from stenograph.recorder.errors import BadInput, NotAStore, StenographError, StoreLocked
+from stenograph.recorder.errors import (
+    WRITE_ERRNOS,
+    BadInput,
+    NotAStore,
+    StenographError,
+    StoreLocked,
+    StorePoisoned,
+)
 from stenograph.recorder.group_commit import CommitSettings, GroupCommit
 from stenograph.recorder.kinds import FORMAT_VERSION, KINDS, check_kind
 from stenograph.recorder.reader import STORE_MARKER, StoreReader, TornTail, is_store, read_salt
@@ -75,20 +83,64 @@ def check_traj(traj: str) -> str:
 
 
 def init_store(path: Path) -> None:
-    """Create an empty store at ``path`` (which may exist as an empty directory)."""
-    if path.exists():
+    """Create an empty store at ``path`` (which may exist as an empty directory).
+
+    One that cannot be made (a full disk) leaves nothing behind: ``path`` is removed,
+    or emptied again if it was an empty directory, so the next try starts clean.
+    """
+    existed = path.exists()
+    if existed:
         if not path.is_dir():
             raise NotAStore("exists and is not a directory", str(path))
         if any(path.iterdir()) and not is_store(path):
             raise NotAStore("directory is not empty and not a stenograph store", str(path))
-    path.mkdir(parents=True, exist_ok=True)
-    for sub in ("wal", "blobs", "checkpoints"):
-        (path / sub).mkdir(exist_ok=True)
-    if not (path / STORE_MARKER).exists():
-        _write_metadata(path, os.urandom(SALT_SIZE))
-    fsync_dir(path)
-    if path.parent != path:
-        fsync_dir(path.parent)
+    fresh = not existed or not any(path.iterdir())
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        for sub in ("wal", "blobs", "checkpoints"):
+            (path / sub).mkdir(exist_ok=True)
+        if not (path / STORE_MARKER).exists():
+            _write_metadata(path, os.urandom(SALT_SIZE))
+        fsync_dir(path)
+        if path.parent != path:
+            fsync_dir(path.parent)
+    except OSError as exc:
+        if fresh:
+            _unmake(path, existed)
+        raise _named(exc, path) from None
+
+
+def _unmake(path: Path, keep_dir: bool) -> None:
+    """Remove a store this process just made and could not finish (``keep_dir``: empty it)."""
+    if not keep_dir:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for child in list(path.iterdir()) if path.is_dir() else []:
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                child.unlink()
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """``exc`` naming ``path`` if it names nothing (``write``/``fsync`` errors do not)."""
+    if exc.filename is not None:
+        return exc
+    return OSError(exc.errno, exc.strerror, str(path))
+
+
+def _refused(exc: StorePoisoned, path: Path) -> BaseException:
+    """A poisoned store whose write the system refused (a full disk, an I/O error) is
+    that ``OSError`` to callers, naming the store, so a command says it in one line and
+    exits 5 (``WriteFailed``) instead of calling the log corrupt; the store still takes
+    no more writes. Other poisonings stay as they are."""
+    cause = exc.__cause__
+    if isinstance(cause, OSError) and cause.errno in WRITE_ERRNOS:
+        err = OSError(cause.errno, cause.strerror, str(path))
+        err.__cause__ = exc
+        return err
+    return exc
 
 
 def _write_metadata(path: Path, salt: bytes) -> None:
@@ -108,15 +160,27 @@ class Store:
                  settings: StoreSettings | None = None) -> None:
         self.path = Path(path)
         self.settings = settings or StoreSettings()
+        made, existed = False, True
         if not is_store(self.path):
             if not create:
                 raise NotAStore("not a stenograph store", str(self.path))
+            existed = self.path.exists()
             init_store(self.path)
-        self._lock_fd = _take_lock(self.path)
+            made = True
+        try:
+            self._lock_fd = _take_lock(self.path)
+        except OSError as exc:
+            if made:
+                _unmake(self.path, existed)
+            raise _named(exc, self.path) from None
         try:
             self._open()
-        except BaseException:
+        except BaseException as exc:
             os.close(self._lock_fd)
+            if made:  # a store that could not get its first segment is no store
+                _unmake(self.path, existed)
+            if isinstance(exc, OSError):
+                raise _named(exc, self.path) from None
             raise
         self.blobs = BlobStore(self.path / "blobs")
 
@@ -162,23 +226,50 @@ class Store:
 
     def append(self, traj: str, kind: str, body: dict[str, Any], *, durable: bool = True) -> int:
         """Append one event; return its LSN once durable (or at once if not ``durable``)."""
-        lsn = self._enqueue(traj, kind, pack_body(body), durable)
-        if durable:
-            self._gc.wait(lsn)
+        try:
+            lsn = self._enqueue(traj, kind, pack_body(body), durable)
+            if durable:
+                self._gc.wait(lsn)
+        except StorePoisoned as exc:
+            raise _refused(exc, self.path) from None
         return lsn
 
     async def append_async(self, traj: str, kind: str, body: dict[str, Any]) -> int:
         """Durable append for asyncio code: awaits the covering sync without blocking."""
-        lsn = self._enqueue(traj, kind, pack_body(body))
-        await self._gc.wait_async(lsn)
+        try:
+            lsn = self._enqueue(traj, kind, pack_body(body))
+            await self._gc.wait_async(lsn)
+        except StorePoisoned as exc:
+            raise _refused(exc, self.path) from None
         return lsn
 
     def append_packed(self, traj: str, kind: str, body: bytes, *, durable: bool = True) -> int:
         """Append a body that is already msgpack-packed (recorder fast path)."""
-        lsn = self._enqueue(traj, kind, body, durable)
-        if durable:
-            self._gc.wait(lsn)
+        try:
+            lsn = self._enqueue(traj, kind, body, durable)
+            if durable:
+                self._gc.wait(lsn)
+        except StorePoisoned as exc:
+            raise _refused(exc, self.path) from None
         return lsn
+
+    def reserve(self, nbytes: int) -> None:
+        """Make room for ``nbytes`` more of frames in the tail segment now, starting a new
+        (preallocated) one if it has less, so that appending that much later needs no
+        new space halfway: a full disk then refuses it before its first event, not
+        after some of them (an import is all or nothing). Flushes first; meant for a
+        store with no other appender at the moment (``log import``)."""
+        self.flush()
+        with self._gc.lock:
+            if self._closed:
+                raise StenographError("store is closed", str(self.path))
+            first = self._gc.next_lsn
+        if self._seg.room() >= nbytes:
+            return
+        try:
+            self._rotate(first, nbytes)
+        except OSError as exc:
+            raise _named(exc, self.path) from None
 
     def _enqueue(self, traj: str, kind: str, body: bytes, durable: bool = True) -> int:
         """Assign the next LSN and seq and queue the framed event.
@@ -209,7 +300,10 @@ class Store:
 
     def flush(self) -> None:
         """Make every event appended so far durable."""
-        self._gc.flush()
+        try:
+            self._gc.flush()
+        except StorePoisoned as exc:
+            raise _refused(exc, self.path) from None
 
     @property
     def syncs(self) -> int:
@@ -240,11 +334,17 @@ class Store:
         if self._closed:
             return
         try:
-            self._gc.close()
+            try:
+                self._gc.close()
+            except StorePoisoned as exc:
+                raise _refused(exc, self.path) from None
             with self._gc.lock:
                 self._closed = True
             if self._gc._error is None:
-                self._write_marked([], 0, self._gc.next_lsn)
+                try:
+                    self._write_marked([], 0, self._gc.next_lsn)
+                except OSError as exc:  # the events are durable; only the seal is missing
+                    raise _named(exc, self.path) from None
         finally:
             self._closed = True
             if self._spare is not None:
@@ -290,9 +390,10 @@ class Store:
             self._start_spare()
 
     def _rotate(self, first_lsn: int, need: int) -> None:
-        number = self._seg.header.number + 1
+        """Start the next segment; the tail stays open (and the store usable) if that fails."""
+        new = self._new_segment(self._seg.header.number + 1, first_lsn, need)
         self._seg.close()
-        self._seg = self._new_segment(number, first_lsn, need)
+        self._seg = new
 
     def _new_segment(self, number: int, first_lsn: int, need: int) -> SegmentWriter:
         wal = self.path / "wal"
@@ -302,7 +403,11 @@ class Store:
             tmp = spare
         else:
             tmp = wal / "new.tmp"
-            zero_fill(tmp, size)
+            try:
+                zero_fill(tmp, size)
+            except OSError:  # a full disk: give back what the half-made segment took
+                tmp.unlink(missing_ok=True)
+                raise
         header = SegmentHeader(WAL_MAGIC, FORMAT_VERSION, number, first_lsn)
         fd = os.open(tmp, os.O_WRONLY)
         try:
@@ -333,8 +438,11 @@ class Store:
         path, size = self.path / "wal" / "spare.tmp", self.settings.segment_bytes
 
         def fill() -> None:
-            with contextlib.suppress(OSError):  # no spare is only slower, never wrong
+            try:
                 zero_fill(path, size)
+            except OSError:  # no spare is only slower, never wrong; a half one takes the
+                with contextlib.suppress(OSError):  # disk's last space: give it back
+                    path.unlink()
 
         self._spare = threading.Thread(target=fill, name="stenograph-spare", daemon=True)
         self._spare.start()

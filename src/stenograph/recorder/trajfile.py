@@ -18,6 +18,7 @@ hole halfway through.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Iterable
@@ -29,7 +30,14 @@ import msgpack
 
 from stenograph import __version__
 from stenograph.recorder.blobs import BlobStore, blob_refs
-from stenograph.recorder.codec import Event, decode_payload, encode_event, frame, unpack
+from stenograph.recorder.codec import (
+    Event,
+    decode_payload,
+    encode_event,
+    frame,
+    pack_body,
+    unpack,
+)
 from stenograph.recorder.errors import BadInput, CorruptLog
 from stenograph.recorder.kinds import FORMAT_VERSION
 from stenograph.recorder.reader import StoreReader
@@ -122,10 +130,15 @@ def write_trajectory(
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as exc:  # a full disk: no half file, and ``out`` as it was
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(out)) from None
         raise
-    fsync_dir(out.parent if str(out.parent) else Path("."))
+    try:
+        fsync_dir(out.parent if str(out.parent) else Path("."))
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(out)) from None
     return TrajectoryFile(header, evs, embedded)
 
 
@@ -226,14 +239,37 @@ def import_trajectory(store: Any, path: str | Path, *, traj: str | None = None) 
 
     Events get the store's next LSNs; ``seq`` and kinds and bodies are kept.
     Refuses to merge into a trajectory the store already has.
+
+    All or nothing on a full disk: the blobs go first, then the tail segment is made
+    to hold every event (``Store.reserve``) before the first is appended; a write
+    refused before that point removes the blobs this import added, so the store
+    holds exactly what it held.
     """
     tf = read_trajectory(path)
     name = traj or tf.traj
     if name in store.trajectories():
         raise BadInput(f"the store already has a trajectory {name!r}", str(store.path))
-    for data in tf.blobs.values():
-        store.blobs.put(data)
-    for ev in tf.events:
-        store.append(name, ev.kind, ev.body, durable=False)
+    bodies = [pack_body(ev.body) for ev in tf.events]
+    added: list[str] = []
+    try:
+        for sha, data in tf.blobs.items():
+            if not store.blobs.has(sha):
+                added.append(sha)
+            store.blobs.put(data)
+        # the frames' size, and a batch marker for each as if each were its own batch
+        store.reserve(sum(len(b) + len(name) + len(ev.kind) + _FRAME_SLACK
+                          for b, ev in zip(bodies, tf.events, strict=True)))
+    except OSError:
+        for sha in added:
+            with contextlib.suppress(OSError):
+                store.blobs.path_of(sha).unlink()
+        raise
+    for ev, body in zip(tf.events, bodies, strict=True):
+        store.append_packed(name, ev.kind, body, durable=False)
     store.flush()
     return name
+
+
+_FRAME_SLACK = 160
+"""Bytes beyond body, trajectory id and kind one event can take in a segment: its frame
+header and envelope (LSN, seq, prev) and a salted batch marker, rounded up."""
