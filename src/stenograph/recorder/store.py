@@ -130,13 +130,18 @@ def _named(exc: OSError, path: Path) -> OSError:
     return OSError(exc.errno, exc.strerror, str(path))
 
 
+class _SyncFailed(OSError):
+    """An ``fdatasync`` of the tail segment failed: the poisoning ``StorePoisoned`` is for."""
+
+
 def _refused(exc: StorePoisoned, path: Path) -> BaseException:
-    """A poisoned store whose write the system refused (a full disk, an I/O error) is
-    that ``OSError`` to callers, naming the store, so a command says it in one line and
-    exits 5 (``WriteFailed``) instead of calling the log corrupt; the store still takes
-    no more writes. Other poisonings stay as they are."""
+    """A poisoned store whose write the system refused before anything was synced (a
+    full disk, no room for the next segment) is that ``OSError`` to callers, naming the
+    store, so a command says it in one line and exits 5 (``WriteFailed``) rather than 3;
+    the store still takes no more writes. A failed sync stays ``StorePoisoned``."""
     cause = exc.__cause__
-    if isinstance(cause, OSError) and cause.errno in WRITE_ERRNOS:
+    if (isinstance(cause, OSError) and not isinstance(cause, _SyncFailed)
+            and cause.errno in WRITE_ERRNOS):
         err = OSError(cause.errno, cause.strerror, str(path))
         err.__cause__ = exc
         return err
@@ -231,7 +236,7 @@ class Store:
             if durable:
                 self._gc.wait(lsn)
         except StorePoisoned as exc:
-            raise _refused(exc, self.path) from None
+            raise (err := _refused(exc, self.path)) from err.__cause__
         return lsn
 
     async def append_async(self, traj: str, kind: str, body: dict[str, Any]) -> int:
@@ -240,7 +245,7 @@ class Store:
             lsn = self._enqueue(traj, kind, pack_body(body))
             await self._gc.wait_async(lsn)
         except StorePoisoned as exc:
-            raise _refused(exc, self.path) from None
+            raise (err := _refused(exc, self.path)) from err.__cause__
         return lsn
 
     def append_packed(self, traj: str, kind: str, body: bytes, *, durable: bool = True) -> int:
@@ -250,7 +255,7 @@ class Store:
             if durable:
                 self._gc.wait(lsn)
         except StorePoisoned as exc:
-            raise _refused(exc, self.path) from None
+            raise (err := _refused(exc, self.path)) from err.__cause__
         return lsn
 
     def reserve(self, nbytes: int) -> None:
@@ -303,7 +308,7 @@ class Store:
         try:
             self._gc.flush()
         except StorePoisoned as exc:
-            raise _refused(exc, self.path) from None
+            raise (err := _refused(exc, self.path)) from err.__cause__
 
     @property
     def syncs(self) -> int:
@@ -337,7 +342,7 @@ class Store:
             try:
                 self._gc.close()
             except StorePoisoned as exc:
-                raise _refused(exc, self.path) from None
+                raise (err := _refused(exc, self.path)) from err.__cause__
             with self._gc.lock:
                 self._closed = True
             if self._gc._error is None:
@@ -385,7 +390,10 @@ class Store:
 
     def _write_raw(self, parts: list[bytes], nbytes: int) -> None:
         self._seg.write(parts, nbytes)
-        self._seg.sync()
+        try:
+            self._seg.sync()
+        except OSError as exc:
+            raise _SyncFailed(exc.errno, exc.strerror, str(self._seg.path)) from exc
         if not self._spare_wanted and self._seg.end * 2 > self._seg.size:
             self._start_spare()
 
