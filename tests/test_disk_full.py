@@ -8,10 +8,13 @@ machine; skipped where a mount cannot be made), filled with a real file, and rea
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,8 @@ import pytest
 CLI = [sys.executable, "-m", "stenograph"]
 PROGRAM = """
 import sys, requests
-r = requests.post(sys.argv[1] + "/up", data=b"x" * (1 << 20))
+size = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 20
+r = requests.post(sys.argv[1] + "/up", data=b"x" * size)
 print("status", r.status_code, r.text)
 sys.exit(3)
 """
@@ -52,13 +56,29 @@ def _fill(disk: Path, leave_kib: int) -> None:
             left -= f.write(chunk[: min(left, len(chunk))])
 
 
-def _record(tmp: Path, disk: Path, url: str) -> subprocess.CompletedProcess[str]:
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
+
+
+def _record(tmp: Path, disk: Path, url: str, *args: str,
+            program: str = PROGRAM) -> subprocess.CompletedProcess[str]:
     prog = tmp / "agent.py"
-    prog.write_text(PROGRAM)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
+    prog.write_text(program)
     return subprocess.run([*CLI, "record", "--store", str(disk / "store"), "-o",
-                           str(tmp / "out.steno"), "--", sys.executable, str(prog), url],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
+                           str(tmp / "out.steno"), "--", sys.executable, str(prog), url,
+                           *args],
+                          cwd=tmp, env=_env(), capture_output=True, text=True, timeout=120)
+
+
+def _replay(tmp: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "replay", str(tmp / "out.steno")], cwd=tmp, env=_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def _exchanges(steno: Path) -> list[dict]:
+    from stenograph.recorder.trajfile import read_trajectory
+
+    return [e.body for e in read_trajectory(steno).events if e.kind == "Exchange"]
 
 
 def test_no_room_for_a_store_is_one_line_and_leaves_nothing(tmp_path: Path, small_disk: Path,
@@ -217,3 +237,137 @@ def test_export_onto_a_full_disk_leaves_no_partial_file(tmp_path: Path,
     assert f"{out} is as it was" in line, line
     assert out.read_bytes() == old
     assert sorted(p.name for p in small_disk.iterdir()) == ["pad", "t.steno"]
+
+
+# -- the Python tape on a full disk: bodies inline, too large, or exchanges refused -------
+
+
+def test_a_body_the_blob_store_cannot_take_is_recorded_inline(tmp_path: Path, small_disk: Path,
+                                                               counting_server: str) -> None:
+    size = 400 << 10  # over SPILL, more than the disk has left, under MAX_MESSAGE
+    _fill(small_disk, 33000)  # a segment fits (~230 KiB left); the body's blob does not
+    p = _record(tmp_path, small_disk, counting_server, str(size))
+    assert p.returncode == 3, p.stderr
+    assert f"status 200 got {size}" in p.stdout, (p.stdout, p.stderr)
+    [ex] = _exchanges(tmp_path / "out.steno")
+    assert ex["request"]["body"] == b"x" * size
+    assert not list((small_disk / "store" / "blobs").rglob("*.tmp"))
+    r = _replay(tmp_path)
+    assert r.returncode == 0 and "replay bit-identical" in r.stderr, (r.stdout, r.stderr)
+    assert f"status 200 got {size}" in r.stdout
+
+
+def test_a_body_too_large_to_keep_is_marked_and_the_replay_still_serves(
+        tmp_path: Path, small_disk: Path, counting_server: str) -> None:
+    import hashlib
+
+    _fill(small_disk, 33000)  # no room for the 1 MiB blob; inline it is over MAX_MESSAGE
+    p = _record(tmp_path, small_disk, counting_server)
+    assert p.returncode == 3, p.stderr
+    assert "status 200 got 1048576" in p.stdout, (p.stdout, p.stderr)
+    [ex] = _exchanges(tmp_path / "out.steno")
+    assert ex["request"]["body"] == {"lost": "body", "bytes": 1 << 20, "channel": "http",
+                                     "pos": 0,
+                                     "sha256": hashlib.sha256(b"x" * (1 << 20)).hexdigest()}
+    assert ex["response"]["body"] == b"got 1048576"  # the response was kept
+    r = _replay(tmp_path)  # matched on the fingerprint, served the recorded response
+    assert r.returncode == 0 and "replay bit-identical" in r.stderr, (r.stdout, r.stderr)
+    assert "status 200 got 1048576" in r.stdout
+
+
+BIG_GET = """
+import sys, requests
+r = requests.get(sys.argv[1] + "/big")
+print("status", r.status_code, len(r.content))
+sys.exit(3)
+"""
+
+
+class _BigHandler(BaseHTTPRequestHandler):
+    """Answers every GET with 1.5 MiB."""
+
+    def do_GET(self) -> None:
+        body = b"y" * (3 << 19)
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_lost_response_body_makes_the_replay_say_so(tmp_path: Path, small_disk: Path) -> None:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _BigHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        _fill(small_disk, 33000)
+        p = _record(tmp_path, small_disk, f"http://127.0.0.1:{srv.server_address[1]}",
+                    program=BIG_GET)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert p.returncode == 3 and f"status 200 {3 << 19}" in p.stdout, (p.stdout, p.stderr)
+    [ex] = _exchanges(tmp_path / "out.steno")
+    assert ex["response"]["body"]["lost"] == "body", ex["response"]
+    assert ex["response"]["body"]["bytes"] == 3 << 19
+    r = _replay(tmp_path)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert f"its body ({3 << 19} bytes" in r.stderr and "was not recorded" in r.stderr, r.stderr
+
+
+class _FullStore:
+    """A store whose every append the system refuses."""
+
+    def append(self, *args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device", "/full/store")
+
+
+def _entry(body: bytes) -> dict:
+    return {"fingerprint": "f", "request": {"method": "POST", "url": "http://h/x",
+                                            "headers": [], "body": body},
+            "response": {"status": 200, "headers": [], "body": b"ok", "chunks": [2]},
+            "error": None}
+
+
+def test_an_exchange_the_store_refuses_is_counted_not_raised(tmp_path: Path) -> None:
+    from stenograph.interpose.pytape import PyTape
+    from stenograph.recorder.exchanges import ExchangeServer
+
+    srv = ExchangeServer(_FullStore(), "run", tmp_path / "x.sock")
+    try:
+        tape = PyTape("record", "0", sock_path=srv.path)
+        for pos in range(3):
+            tape.commit("http", pos, _entry(b"hello"))  # never raises into the program
+        assert tape.lost == 3
+        assert (srv.lost, srv.count) == (3, 0)
+        assert srv.loss_note() == ("3 exchange(s) could not be recorded (replay stops at "
+                                   "the first)")
+        assert srv.errors and "No space left on device" in srv.errors[0]
+        tape._sock.close()  # as the program's exit does, so close() need not wait
+    finally:
+        srv.close()
+
+
+def test_an_oversized_body_is_replaced_by_a_marker_and_counted(tmp_path: Path) -> None:
+    from stenograph.interpose import pytape
+    from stenograph.recorder import exchanges
+    from stenograph.recorder.store import Store
+
+    assert pytape.MAX_MESSAGE == exchanges.MAX_MESSAGE
+    with Store(tmp_path / "s") as st:
+        srv = exchanges.ExchangeServer(st, "run", tmp_path / "x.sock")
+        try:
+            tape = pytape.PyTape("record", "0", sock_path=srv.path)  # no blob store
+            small = b"s" * (100 << 10)
+            tape.commit("http", 0, _entry(b"b" * (2 << 20)))
+            tape.commit("http", 1, _entry(small))  # over SPILL but fits: kept inline
+            assert tape.lost == 0 and (srv.count, srv.lost, srv.bodies_lost) == (2, 0, 1)
+            assert "1 exchange(s) recorded without a body" in (srv.loss_note() or "")
+            tape._sock.close()
+        finally:
+            srv.close()
+        bodies = [e.body["request"]["body"] for e in st.events() if e.kind == "Exchange"]
+    assert bodies[0]["lost"] == "body" and bodies[0]["bytes"] == 2 << 20
+    assert bodies[1] == small

@@ -11,7 +11,13 @@ Record: each finished entry is sent to the recorder over a unix
 recorder appends it as an ``Exchange`` event and acknowledges once it is durable,
 so a call's result is in the log before the program acts on it. Bodies larger
 than ``SPILL`` bytes go to the store's blob directory first (content-addressed,
-atomic, safe beside the recorder), keeping messages small.
+atomic, safe beside the recorder), keeping messages small. On a full disk a body
+the blob store cannot take stays inline; one that then makes the message larger
+than ``MAX_MESSAGE`` is replaced by a marker, ``{"lost": "body", "bytes": n,
+"sha256": hex, ...}``: the call is recorded without it, and a replay that needs it
+reports so (a lost request body does not stop a replay: calls match on a
+fingerprint taken before). An entry the recorder cannot store is answered ``NACK``
+and counted (``lost``); the program never sees any of this.
 
 Replay: the recorder writes ``STENO_TAPE/py/<proc>.msgpack``: for each channel,
 the recorded entries in position order. A call is served the entry at the head of
@@ -28,6 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import hashlib
 import importlib
 import json
 import os
@@ -46,6 +54,8 @@ from stenograph.interpose.redact import RedactionRules
 from stenograph.recorder.blobs import BlobRef, BlobStore
 
 SPILL = 32 << 10
+MAX_MESSAGE = 1 << 20
+"""The largest message the recorder takes (``recorder.exchanges.MAX_MESSAGE``)."""
 MATCH_WINDOW = 16
 DIVERGED_EXIT = 86
 
@@ -132,6 +142,7 @@ class PyTape:
         self._sock_path = sock_path
         self._sock: socket.socket | None = None
         self.lost = 0  # entries the recorder did not take (record): see commit
+        self._broken = False  # the recorder is gone: send nothing more
         self._blobs = BlobStore(Path(store_dir) / "blobs") if store_dir else None
         self._tape_dir = Path(tape_dir) if tape_dir else None
         self._streams: dict[str, list[dict[str, Any]]] | None = None
@@ -151,6 +162,7 @@ class PyTape:
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
         self._sock = None
+        self._broken = False
         proc = _shim_proc()
         if proc:
             self.proc = proc
@@ -175,34 +187,53 @@ class PyTape:
 
         Whatever goes wrong on the way (a full disk, the recorder gone) is the
         recording's failure, never the program's: nothing is raised into the program's
-        call. The entry is then missing from the recording (``lost`` counts it, and the
-        ones after it are not sent), and a replay stops there with a divergence."""
-        if self.lost:
+        call. The entry is then missing from the recording (``lost`` counts it; the
+        recorder counts the ones it refused, for the run's report), and a replay stops
+        there with a divergence. Once the recorder is gone nothing more is sent."""
+        if self._broken:
             self.lost += 1
             return
         try:
             self._commit(channel, pos, entry)
-        except (OSError, RuntimeError):
+        except _Refused:
             self.lost += 1
+        except (OSError, RuntimeError, ValueError):
+            self.lost += 1
+            self._broken = True
 
     def _commit(self, channel: str, pos: int, entry: dict[str, Any]) -> None:
-        entry = _fit_scrubbed(self.rules.scrub(self.rules.response(entry, self._blobs)))
+        try:
+            entry = self.rules.response(entry, self._blobs)
+        except OSError as exc:  # the blob store is full: this entry is lost, not the next
+            raise _Refused(str(exc)) from None
+        entry = _fit_scrubbed(self.rules.scrub(entry))
         with self._lock:
             self.shim.collect()
             if self.shim.imported:
                 entry = {**entry, "imports": self.shim.imported[:]}
                 self.shim.imported.clear()
-        msg = msgpack.packb({"proc": self.proc, "channel": channel, "pos": pos, **entry},
-                            use_bin_type=True)
+        entry = {"proc": self.proc, "channel": channel, "pos": pos, **entry}
+        msg = msgpack.packb(entry, use_bin_type=True)
+        if len(msg) > MAX_MESSAGE:
+            msg = _without_big_bodies(entry)
         with self._lock:
             if self._sock is None:
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                with contextlib.suppress(OSError):  # a message may be up to MAX_MESSAGE
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE + (64 << 10))
                 s.connect(self._sock_path or "")
                 self._sock = s
-            self._sock.sendall(msg)
+            try:
+                self._sock.sendall(msg)
+            except OSError as exc:  # the kernel's limit is lower than ours here
+                if exc.errno != errno.EMSGSIZE:
+                    raise
+                self._sock.sendall(_without_big_bodies(entry, limit=0))
             ack = self._sock.recv(16)
         if not ack:
             raise RuntimeError("stenograph recorder closed the exchange socket")
+        if ack != b"\x01":
+            raise _Refused("the recorder could not store the entry")
 
     # -- replay -------------------------------------------------------------------------
 
@@ -218,9 +249,17 @@ class PyTape:
         return self._streams
 
     def resolve(self, value: Any) -> bytes:
-        """Inline bytes, or the bytes of a blob reference (replay prepared them)."""
+        """Inline bytes, or the bytes of a blob reference (replay prepared them). A body
+        recorded only as a marker (see ``_without_big_bodies``) is a divergence."""
         if isinstance(value, bytes):
             return value
+        if _is_lost(value):
+            self.diverge(str(value.get("channel", "http")), int(value.get("pos", -1)), [
+                f"{value.get('channel', 'http')} call #{value.get('pos', '?')} in process "
+                f"{self.proc}: its body ({value.get('bytes')} bytes, sha256 "
+                f"{str(value.get('sha256'))[:16]}...) was not recorded: the disk was full "
+                "and it was too large to keep in the log"])
+            return b""
         ref = BlobRef.from_body(value)
         assert self._tape_dir is not None
         return BlobStore(self._tape_dir / "blobs").get(ref)
@@ -258,7 +297,8 @@ class PyTape:
 
     def _req_of(self, entry: dict[str, Any]) -> dict[str, Any]:
         req = entry["request"]
-        return {"method": req["method"], "url": req["url"], "body": self.resolve(req["body"])}
+        body = b"" if _is_lost(req["body"]) else self.resolve(req["body"])
+        return {"method": req["method"], "url": req["url"], "body": body}
 
     def diverge(self, channel: str, pos: int, lines: list[str]) -> None:
         """Report a divergence; in strict mode stop the process (exit 86)."""
@@ -289,6 +329,52 @@ def _fit_scrubbed(entry: dict[str, Any]) -> dict[str, Any]:
     headers = [[k, str(size)] if k.lower() == "content-length" else [k, v]
                for k, v in resp.get("headers", [])]
     return {**entry, "response": {**resp, "headers": headers, "chunks": [size] if size else []}}
+
+
+class _Refused(Exception):
+    """The recorder answered that it could not store an entry (a full disk)."""
+
+
+def _is_lost(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("lost") == "body"
+
+
+def _without_big_bodies(entry: dict[str, Any], limit: int = MAX_MESSAGE) -> bytes:
+    """``entry`` packed with its inline bodies (bytes over ``SPILL``: the ones the blob
+    store could not take) replaced by markers, largest first, until it fits ``limit``
+    (0: all of them). Raises ``_Refused`` if it is still over ``MAX_MESSAGE``."""
+    entry = _copy(entry)  # the caller's entry is left as it was
+    found: list[tuple[int, Any, Any]] = []  # (size, container, key)
+    stack: list[Any] = [entry]
+    while stack:
+        v = stack.pop()
+        for k, x in (v.items() if isinstance(v, dict) else enumerate(v)):
+            if isinstance(x, bytes) and len(x) > SPILL:
+                found.append((len(x), v, k))
+            elif isinstance(x, (dict, list)):
+                stack.append(x)
+    found.sort(key=lambda f: f[0], reverse=True)
+    msg = b""
+    for size, holder, key in found:
+        holder[key] = {"lost": "body", "bytes": size,
+                       "sha256": hashlib.sha256(holder[key]).hexdigest(),
+                       "channel": entry.get("channel"), "pos": entry.get("pos")}
+        msg = msgpack.packb(entry, use_bin_type=True)
+        if len(msg) <= limit:
+            return msg
+    msg = msg or msgpack.packb(entry, use_bin_type=True)
+    if len(msg) > MAX_MESSAGE:
+        raise _Refused("entry too large to record even without its bodies")
+    return msg
+
+
+def _copy(value: Any) -> Any:
+    """A copy of the dicts and lists of ``value`` (leaves shared)."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
 
 
 class ReplayExhausted(ConnectionError):

@@ -3,8 +3,12 @@
 Record: ``ExchangeServer`` listens on a unix ``SOCK_SEQPACKET`` socket; every
 message is one finished call (HTTP exchange, model or tool call) as a msgpack
 map. It is appended as an ``Exchange`` event and made durable before the one-byte
-acknowledgement goes back, so the program never acts on a result the log could
-lose.
+acknowledgement (``ACK``) goes back, so the program never acts on a result the log
+could lose. One the store cannot take (a full disk) gets ``NACK`` instead: the
+program goes on unharmed, and ``lost`` counts it for the run's report
+(``loss_note``). An entry whose body was too large to keep without the blob store
+arrives with that body replaced by a marker (``is_lost_body``); ``bodies_lost``
+counts those.
 
 Replay: ``prepare_py_tape`` turns a trajectory's ``Exchange`` events into the
 per-process files the hooks serve from, and copies the blobs they reference.
@@ -25,6 +29,29 @@ from stenograph.recorder.codec import Event
 from stenograph.recorder.seqpacket import SeqpacketServer
 
 MAX_MESSAGE = 1 << 20
+"""The largest exchange message taken (``interpose.pytape.MAX_MESSAGE`` is the same)."""
+ACK, NACK = b"\x01", b"\x00"
+
+
+def is_lost_body(value: Any) -> bool:
+    """The marker a body that could not be recorded is replaced by:
+    ``{"lost": "body", "bytes": n, "sha256": hex, ...}``."""
+    return isinstance(value, dict) and value.get("lost") == "body"
+
+
+def _lost_bodies(entry: dict[str, Any]) -> int:
+    stack: list[Any] = [entry]
+    n = 0
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if is_lost_body(v):
+                n += 1
+            else:
+                stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return n
 
 
 class ExchangeServer:
@@ -34,6 +61,10 @@ class ExchangeServer:
         self.store = store
         self.traj = traj
         self.count = 0
+        self.lost = 0
+        """Messages that arrived but could not be appended (answered ``NACK``)."""
+        self.bodies_lost = 0
+        """Appended entries with a body recorded only as a marker (``is_lost_body``)."""
         self._lock = threading.Lock()
         self._server = SeqpacketServer(sock_path, self._handle, name="steno-exchanges",
                                        max_message=MAX_MESSAGE, stop_on_error=True)
@@ -41,13 +72,33 @@ class ExchangeServer:
         self.errors = self._server.errors
 
     def _handle(self, conn: socket.socket, msg: bytes) -> None:
-        body = msgpack.unpackb(msg, raw=False, strict_map_key=False)
-        if not isinstance(body, dict):
-            raise ValueError("exchange message is not a map")
-        self.store.append(self.traj, "Exchange", body, durable=True)
+        try:
+            body = msgpack.unpackb(msg, raw=False, strict_map_key=False)
+            if not isinstance(body, dict):
+                raise ValueError("exchange message is not a map")
+            self.store.append(self.traj, "Exchange", body, durable=True)
+        except Exception as exc:  # the store refused it (a full disk): say so, go on
+            with self._lock:
+                self.lost += 1
+                if len(self.errors) < 20:
+                    self.errors.append(f"exchange not recorded: {type(exc).__name__}: {exc}")
+            conn.sendall(NACK)
+            return
         with self._lock:  # one thread per connected process
             self.count += 1
-        conn.sendall(b"\x01")
+            self.bodies_lost += _lost_bodies(body) > 0
+        conn.sendall(ACK)
+
+    def loss_note(self) -> str | None:
+        """What the run's report must say about exchanges the recording lacks, or None."""
+        parts = []
+        if self.lost:
+            parts.append(f"{self.lost} exchange(s) could not be recorded (replay stops "
+                         "at the first)")
+        if self.bodies_lost:
+            parts.append(f"{self.bodies_lost} exchange(s) recorded without a body too "
+                         "large to keep without the blob store")
+        return "; ".join(parts) or None
 
     def close(self) -> None:
         self._server.close()
