@@ -4,27 +4,29 @@ typedef struct { int32_t arg; int32_t rc; int64_t a; int64_t b; } clockrec_t;
 _Static_assert(sizeof(clockrec_t) == 24, "clock payload: i32 arg | i32 rc | i64 a | i64 b");
 
 /* The hot path of record mode: one fixed-size clock record appended to this thread's
- * buffer with constant-size copies the compiler inlines; anything unusual (no buffer
- * yet, buffer full, past the exit flush) takes the general path. */
+ * ring with constant-size copies the compiler inlines; anything unusual (no ring yet,
+ * the ring past half full or wrapping, a handler's records pending) takes rec(). */
 static inline void rec_clock(tls_t *t, int op, const clockrec_t *r) {
-    tbuf_t *b = t->tb;
-    if (LIKELY(b != NULL) && LIKELY(!g_final) && LIKELY(!t->sigpend_n)) {
-        spin_lock(&b->lock);
-        if (LIKELY(b->len + 8 + sizeof *r <= BUFCAP)) {
-            unsigned char *w = b->data + b->len;
+    ring_t *b = t->tb;
+    if (LIKELY(b != NULL) && LIKELY(!t->sigpend_n)) {
+        inshim_enter(); /* before reading head: a handler's record must not be overwritten */
+        uint64_t at = b->head, end = at + 8 + sizeof *r;
+        if (LIKELY(end - __atomic_load_n(&b->tail, __ATOMIC_ACQUIRE) <= RING_CAP / 2) &&
+            LIKELY((at & RING_MASK) + 8 + sizeof *r <= RING_CAP)) {
+            unsigned char *w = b->data + (at & RING_MASK);
             uint32_t head = (uint32_t)CH_CLOCK | (uint32_t)op << 8 | (uint32_t)t->site << 16;
             uint32_t n = sizeof *r;
             t->site = 0;
             memcpy(w, &head, 4);
             memcpy(w + 4, &n, 4);
             memcpy(w + 8, r, sizeof *r);
-            b->len += 8 + sizeof *r;
-            spin_unlock(&b->lock);
+            __atomic_store_n(&b->head, end, __ATOMIC_RELEASE);
+            inshim_leave();
             t->nrec++; /* as rec2 counts (signals.c) */
             t->sigk = 0;
             return;
         }
-        spin_unlock(&b->lock);
+        inshim_leave();
     }
     rec(t, CH_CLOCK, op, r, sizeof *r);
 }

@@ -70,9 +70,12 @@ static void spin_unlock(int *l) {
     inshim_leave();
 }
 
-static tbuf_t *g_slots[MAXT];
+/* ------------------------------------------------------------------ record: the connection */
 
-/* ------------------------------------------------------------------ record: shipping */
+/* Every process holds one connection to the recorder: it names the process's arena of
+ * rings (ring.c) and carries barriers, nudges and the rare record too big for a ring. */
+
+static void ring_announce(void); /* ring.c: name this process's arena on a new connection */
 
 static int sock_ok(void) {
     if (g_sock < 0) return 0;
@@ -103,11 +106,13 @@ static int sock_connect(void) {
     RS2(SYS_fstat, fd, &st);
     g_sock_ino = st.st_ino;
     g_sock = (int)fd;
+    ring_announce();
     return 1;
 }
 
-static void ship(uint16_t type, uint32_t tindex, const void *body, size_t n) {
-    if (!sock_connect()) return;
+/* One message: header, body, and (fd >= 0) a file descriptor passed as SCM_RIGHTS. */
+static int ship_fd(uint16_t type, uint32_t tindex, const void *body, size_t n, int fd) {
+    if (!sock_connect()) return 0;
     unsigned char hdr[14 + 256];
     memcpy(hdr, STENO_MAGIC, 4);
     memcpy(hdr + 4, &type, 2);
@@ -120,34 +125,31 @@ static void ship(uint16_t type, uint32_t tindex, const void *body, size_t n) {
     memset(&mh, 0, sizeof mh);
     mh.msg_iov = iov;
     mh.msg_iovlen = n ? 2 : 1;
+    union { struct cmsghdr h; unsigned char b[CMSG_SPACE(sizeof(int))]; } ctl;
+    if (fd >= 0) {
+        memset(&ctl, 0, sizeof ctl);
+        mh.msg_control = ctl.b;
+        mh.msg_controllen = sizeof ctl.b;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
     long r;
     do r = RS3(SYS_sendmsg, g_sock, &mh, MSG_NOSIGNAL); while (r == -EINTR);
+    return !is_err(r);
 }
 
-/* Called with b->lock held. */
-static void ship_buf(tbuf_t *b) {
-    if (b->len) {
-        ship(MSG_DATA, b->tindex, b->data, b->len);
-        b->len = 0;
-    }
+static int ship(uint16_t type, uint32_t tindex, const void *body, size_t n) {
+    return ship_fd(type, tindex, body, n, -1);
 }
 
-static void flush_all(void) {
-    for (int i = 0; i < MAXT; i++) {
-        tbuf_t *b = g_slots[i];
-        if (!b) break;
-        if (!__atomic_load_n(&b->used, __ATOMIC_ACQUIRE) && !b->len) continue;
-        spin_lock(&b->lock);
-        ship_buf(b);
-        spin_unlock(&b->lock);
-    }
-}
-
-/* Send a barrier (or exit) message and wait for the recorder's one-byte ack. */
-static void barrier(uint16_t type) {
+/* Send a barrier-like message (drain, exit, a big record) and wait for the recorder's
+ * one-byte answer: everything this process wrote before it is then appended. */
+static void barrier_with(uint16_t type, const void *body, size_t n) {
     spin_lock(&g_barrier_lock);
-    ship(type, me()->tindex, NULL, 0);
-    if (g_sock >= 0) {
+    if (ship(type, me()->tindex, body, n) && g_sock >= 0) {
         char ack;
         long r;
         do r = RS3(SYS_read, g_sock, &ack, 1); while (r == -EINTR);
@@ -155,82 +157,7 @@ static void barrier(uint16_t type) {
     spin_unlock(&g_barrier_lock);
 }
 
-static tbuf_t *claim_buf(uint32_t tindex) {
-    for (int i = 0; i < MAXT; i++) {
-        tbuf_t *b = g_slots[i];
-        if (!b) {
-            tbuf_t *nb = shim_map(sizeof(tbuf_t), -1);
-            if (!nb) return NULL;
-            nb->used = 1;
-            nb->tindex = tindex;
-            tbuf_t *expect = NULL;
-            if (__atomic_compare_exchange_n(&g_slots[i], &expect, nb, 0, __ATOMIC_ACQ_REL,
-                                            __ATOMIC_ACQUIRE))
-                return nb;
-            shim_unmap(nb, sizeof(tbuf_t));
-            b = expect;
-        }
-        int zero = 0;
-        if (!b->len && __atomic_compare_exchange_n(&b->used, &zero, 1, 0, __ATOMIC_ACQ_REL,
-                                                   __ATOMIC_ACQUIRE)) {
-            spin_lock(&b->lock);
-            ship_buf(b); /* a late record of a previous owner */
-            b->tindex = tindex;
-            spin_unlock(&b->lock);
-            return b;
-        }
-    }
-    return NULL;
-}
-
-/* Append one record to this thread's buffer: u8 channel | u8 op | u16 site | u32 len. */
-static void rec2(tls_t *t, int ch, int op, const void *p1, uint32_t n1, const void *p2,
-                 uint32_t n2) {
-    uint16_t site = t->site; /* before a pending handler's records can take it */
-    t->site = 0;
-    if (ch != CH_SIGNAL) {
-        t->nrec++;
-        t->sigk = 0;
-        if (UNLIKELY(t->sigpend_n)) sig_flush_pending(t);
-    }
-    tbuf_t *b = t->tb;
-    if (UNLIKELY(!b)) {
-        inshim_enter();
-        b = t->tb = claim_buf(t->tindex);
-        inshim_leave();
-        if (!b) return;
-    }
-    uint32_t n = n1 + n2, need = 8 + n;
-    spin_lock(&b->lock);
-    if (UNLIKELY(b->len + need > BUFCAP)) ship_buf(b);
-    if (UNLIKELY(need > BUFCAP)) { /* oversized (a big listing): its own message */
-        unsigned char *big = shim_map(need, -1);
-        if (big) {
-            big[0] = (unsigned char)ch; big[1] = (unsigned char)op; memcpy(big + 2, &site, 2);
-            memcpy(big + 4, &n, 4);
-            memcpy(big + 8, p1, n1);
-            if (n2) memcpy(big + 8 + n1, p2, n2);
-            ship(MSG_DATA, b->tindex, big, need);
-            shim_unmap(big, need);
-        }
-        spin_unlock(&b->lock);
-        return;
-    }
-    unsigned char *w = b->data + b->len;
-    w[0] = (unsigned char)ch;
-    w[1] = (unsigned char)op;
-    memcpy(w + 2, &site, 2);
-    memcpy(w + 4, &n, 4);
-    memcpy(w + 8, p1, n1);
-    if (n2) memcpy(w + 8 + n1, p2, n2);
-    b->len += need;
-    if (UNLIKELY(g_final)) ship_buf(b);
-    spin_unlock(&b->lock);
-}
-
-static inline void rec(tls_t *t, int ch, int op, const void *p, uint32_t n) {
-    rec2(t, ch, op, p, n, NULL, 0);
-}
+static void barrier(uint16_t type) { barrier_with(type, NULL, 0); }
 
 /* ------------------------------------------------------------------ replay: streams */
 
@@ -389,9 +316,53 @@ static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, 
 
 /* A stream that ends where the program asks for more is a divergence -- unless the
  * recording of this process ended there because a signal killed it (its tape has no exit
- * record: TAPE/<proc>/exited is absent). Then the replayed killer sends the signal again,
- * maybe a little later than the recorded one landed: wait for it (10 s at most; a
- * recording made before exit records existed waits so at every end of stream). */
+ * record: TAPE/<proc>/exited is absent). If the recorded run was killed from outside
+ * (TAPE/killed holds the signal that ended the recorded run), the replay ends here the
+ * same way (die_as_recorded). Else the replayed killer sends it again, maybe a little
+ * later than the recorded one landed: wait for it (10 s at most; a recording made before
+ * exit records existed waits so at every end of stream). */
+static int g_live_threads = 1; /* taped threads alive in this process (threads.c) */
+static int g_parked;           /* of which at the end of their tape (die_as_recorded) */
+static void sched_release(tls_t *t);
+static int killed_signal(void) {
+    char path[1100];
+    char *p = s_put(path, path + sizeof path - 1, g_tape);
+    p = s_put(p, path + sizeof path - 1, "/killed");
+    *p = 0;
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    int sig = 0;
+    if (is_err(fd)) return 0;
+    char num[8] = {0};
+    long n = RS3(SYS_read, fd, num, sizeof num - 1);
+    RS1(SYS_close, fd);
+    for (long i = 0; i < n && num[i] >= '0' && num[i] <= '9'; i++) sig = sig * 10 + num[i] - '0';
+    return sig > 0 && sig < 65 ? sig : 0;
+}
+
+/* The recorded run was killed: its threads were stopped wherever they were, and each
+ * tape ends there. Under the schedule only the baton's holder was running; the others
+ * were waiting for a turn that never came. So a thread that reaches its end without the
+ * baton waits (the holder still has its part to replay: what it printed before the kill),
+ * and the process dies with the recorded signal when the holder reaches its end, or when
+ * every taped thread has (10 s at most: a thread the shim does not see may never come). */
+static void die_as_recorded(int sig) {
+    if (!T.holding) {
+        __atomic_add_fetch(&g_parked, 1, __ATOMIC_SEQ_CST);
+        sched_release(&T);
+        for (int i = 0; i < 10000; i++) {
+            if (__atomic_load_n(&g_parked, __ATOMIC_SEQ_CST) >=
+                __atomic_load_n(&g_live_threads, __ATOMIC_SEQ_CST)) break;
+            struct timespec ts = {0, 1000 * 1000};
+            RS2(SYS_nanosleep, &ts, NULL);
+        }
+    }
+    struct { void *h; unsigned long flags; void *restorer; uint64_t mask; } dfl = {0};
+    RS4(SYS_rt_sigaction, sig, &dfl, NULL, 8); /* the recorded death, not a handler */
+    uint64_t none = 0;
+    RS4(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, 8);
+    RS2(SYS_kill, RS0(SYS_getpid), sig);
+}
+
 static void await_kill(void) {
     char path[1400];
     char *p = s_put(path, path + sizeof path - 1, g_tape);
@@ -401,6 +372,8 @@ static void await_kill(void) {
     *p = 0;
     struct stat st; /* (no directory for the process at all: killed before it shipped a record) */
     if (!is_err(RS4(SYS_newfstatat, AT_FDCWD, path, &st, 0))) return;
+    int sig = killed_signal();
+    if (sig) die_as_recorded(sig);
     /* with every signal unblocked: the recorded one landed before this point, which the
      * program may have reached with it blocked (a shell's child right after fork) */
     uint64_t none = 0, old = 0;

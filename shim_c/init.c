@@ -82,7 +82,6 @@ static void final_flush(void) {
     if (g_mode != MODE_RECORD || g_final || reentered()) return; /* see before_exec */
     T.guard++;
     rec(me(), CH_IDENTITY, OP_EXIT, &g_final, 0); /* ended through exit (see await_kill) */
-    flush_all();
     barrier(MSG_EXIT);
     g_final = 1;
     T.guard--;

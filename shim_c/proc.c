@@ -25,14 +25,9 @@ static void after_fork_child(uint32_t idx) {
     g_sock = -1;
     T.tindex = 0;
     T.init = 1;
-    for (int i = 0; i < MAXT; i++) {
-        tbuf_t *b = g_slots[i];
-        if (!b) break;
-        b->len = 0;
-        b->lock = 0;
-        b->used = b == T.tb;
-        if (b == T.tb) b->tindex = 0;
-    }
+    ring_after_fork_child();
+    g_live_threads = 1;
+    g_parked = 0;
     for (int c = 0; c < NCH; c++) T.st[c].mapped = 0;
     sched_after_fork_child();
     T.guard--;
@@ -52,17 +47,17 @@ EXPORT pid_t fork(void) {
             g_mode = MODE_OFF;
             if (g_sock >= 0) RS1(SYS_close, g_sock);
             g_sock = -1;
+            ring_after_fork_child();
         }
         return pid;
     }
     tls_t *t = me();
     uint32_t idx = __atomic_add_fetch(&g_cnext, 1, __ATOMIC_RELAXED);
-    if (g_mode == MODE_RECORD && t->tb) { /* flush before fork: nothing is duplicated */
-        spin_lock(&t->tb->lock);
-        ship_buf(t->tb);
-        spin_unlock(&t->tb->lock);
-    }
+    /* pthread_atfork handlers run untaped: the child's would write to the parent's rings
+     * (shared memory) before after_fork_child gives it its own */
+    t->guard++;
     pid_t pid = real_fork();
+    t->guard--;
     if (pid == 0) { after_fork_child(idx); return 0; }
     return (pid_t)child_pid(t, OP_FORK, pid < 0 ? -errno : pid, 0);
 }
@@ -155,8 +150,7 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
 static void before_exec(void) {
     if (g_mode != MODE_RECORD || reentered()) return; /* flushing would wait on our own lock */
     T.guard++;
-    flush_all();
-    barrier(MSG_BARRIER);
+    barrier(MSG_BARRIER); /* the recorder drains every ring of this process first */
     T.guard--;
 }
 

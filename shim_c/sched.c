@@ -566,6 +566,8 @@ static void sched_thread_end(void) {
 EXPORT void pthread_exit(void *ret) {
     RESOLVE(pthread_exit);
     if (g_mode) sched_thread_end();
+    if (T.counted) __atomic_sub_fetch(&g_live_threads, 1, __ATOMIC_SEQ_CST);
+    T.counted = 0;
     real_pthread_exit(ret);
     __builtin_unreachable();
 }

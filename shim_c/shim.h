@@ -101,7 +101,7 @@ static uint32_t g_tnext = 1;  /* next thread index to hand out */
 static uint32_t g_cnext;      /* children spawned so far by this process */
 static int g_sock = -1;
 static unsigned long g_sock_ino;
-static int g_final;           /* past the exit flush: ship every record at once */
+static int g_final;           /* the exit barrier has been sent */
 static int g_barrier_lock;
 static int g_reports;
 static int g_nonet;
@@ -142,16 +142,38 @@ static const char *const CH_NAMES[NCH] = {"?", "clock", "entropy", "dirents", "i
 
 /* ------------------------------------------------------------------ per-thread state */
 
-#define MAXT 1024
-#define BUFCAP (124 * 1024) /* one message; well under the send buffer an unprivileged process gets */
+/* One thread's ring in the shared arena (layout: steno_shim.h). */
+typedef struct ring {
+    uint32_t used;   /* a live thread owns it */
+    uint32_t tindex; /* that thread's index */
+    unsigned char pad0[RING_OFF_HEAD - 8];
+    uint64_t head;   /* bytes ever written; stored by the owner only */
+    unsigned char pad1[RING_OFF_TAIL - RING_OFF_HEAD - 8];
+    uint64_t tail;   /* bytes ever drained; stored by the recorder only */
+    unsigned char pad2[RING_HDR - RING_OFF_TAIL - 8];
+    unsigned char data[RING_CAP];
+} ring_t;
 
-typedef struct tbuf {
-    int used;
-    int lock;
-    uint32_t tindex;
-    uint32_t len;
-    unsigned char data[BUFCAP];
-} tbuf_t;
+typedef struct arena {
+    char magic[4];
+    uint32_t version;
+    uint32_t nslots; /* slots handed out so far (grows; the recorder scans this many) */
+    int32_t pid;
+    uint64_t id;
+    unsigned char pad[ARENA_HDR - 24];
+    ring_t slot[RING_SLOTS];
+} arena_t;
+
+_Static_assert(offsetof(ring_t, tindex) == RING_OFF_TINDEX, "ring layout");
+_Static_assert(offsetof(ring_t, head) == RING_OFF_HEAD, "ring layout");
+_Static_assert(offsetof(ring_t, tail) == RING_OFF_TAIL, "ring layout");
+_Static_assert(offsetof(ring_t, data) == RING_HDR, "ring layout");
+_Static_assert(sizeof(ring_t) == RING_SLOT, "ring layout");
+_Static_assert((RING_CAP & (RING_CAP - 1)) == 0, "ring capacity is a power of two");
+_Static_assert(offsetof(arena_t, nslots) == ARENA_OFF_NSLOTS, "arena layout");
+_Static_assert(offsetof(arena_t, pid) == ARENA_OFF_PID, "arena layout");
+_Static_assert(offsetof(arena_t, id) == ARENA_OFF_ID, "arena layout");
+_Static_assert(offsetof(arena_t, slot) == ARENA_HDR, "arena layout");
 
 typedef struct {
     const unsigned char *base;
@@ -169,8 +191,9 @@ typedef struct {
     int gate_next; /* the next wait is scheduled though paused (steno_gate_next) */
     uint16_t site;     /* the wrapper's caller (CALL_SITE), taken by the next rec2/serve */
     int live_deadline; /* the last clock read was a live bookkeeping read (clock.c) */
+    int counted;       /* a thread counted in g_live_threads (threads.c) */
     uint32_t tindex;
-    tbuf_t *tb;
+    ring_t *tb; /* record: this thread's ring (ring.c) */
     stream_t st[NCH];
     unsigned char *spare[2]; /* listing blocks kept for reuse: no mmap/munmap/faults per listing */
     uint32_t nrec;     /* record: records written on streams other than signal (signals.c) */

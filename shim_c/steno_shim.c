@@ -3,7 +3,8 @@
  *
  * Rules the shim keeps, and why:
  *  - Hot paths (clock reads, getrandom, readdir, getpid) use no malloc, no stdio and no
- *    lock shared between threads: every thread appends to its own buffer. A wrapper that
+ *    lock shared between threads: every thread appends to its own ring (shared with the
+ *    recorder, so a killed process loses nothing it taped). A wrapper that
  *    calls back into libc deadlocks in forked children and recurses at start-up (rr's
  *    syscallbuf and libfaketime's issue tracker both document it).
  *  - Kernel calls the shim makes for itself are raw `syscall` instructions, so they are
@@ -21,7 +22,8 @@
  * inline across parts. setup.py compiles this file only.
  */
 #include "shim.h"     /* includes, raw syscalls, global state, per-thread types, gates */
-#include "core.c"     /* helpers, arena, buffers, shipping, barrier, rec, serve, reports */
+#include "core.c"     /* helpers, arena, spin locks, the connection, barriers, serve, reports */
+#include "ring.c"     /* record: per-thread rings shared with the recorder, rec / rec2 */
 #include "clock.c"    /* channel clock */
 #include "entropy.c"  /* channel entropy; fds on /dev/[u]random; open*, fopen* */
 #include "sched.c"    /* channel sched: threads take turns; locks, conditions, semaphores */

@@ -8,13 +8,43 @@
 #define STENO_SHIM_H
 
 #define STENO_PROTOCOL 2 /* 2: sched, meta, signal channels; pid, exit and interface ops; loop ticks */
+/* (the tape's bytes are unchanged by the shared rings below: how records travel to the
+ * recorder is not part of what a recording holds) */
 
 #define STENO_MAGIC "STP1" /* first 4 bytes of every message */
 
 /* message types (u16 after the magic) */
-#define MSG_DATA 1
-#define MSG_BARRIER 2
-#define MSG_EXIT 3
+#define MSG_DATA 1    /* records: appended as they are (not sent by this shim any more) */
+#define MSG_BARRIER 2 /* drain this process's rings, then answer one byte */
+#define MSG_EXIT 3    /* the same, as the process ends */
+#define MSG_RING 4    /* u64 arena id | i32 pid: this connection's arena; the memfd travels
+                       * with it (SCM_RIGHTS) the first time, a reconnect names it by id */
+#define MSG_NUDGE 5   /* a ring is half full: drain soon (no answer) */
+#define MSG_BIG 6     /* one record too big for a ring: drain, append it, answer one byte */
+
+/* The shared rings (ring.c; read by stenograph.recorder.rings): one memfd arena per
+ * process, mapped by the process and by the recorder, so a record is the recorder's the
+ * moment it is written, whatever happens to the process after. Layout, little-endian:
+ *   arena header (ARENA_HDR bytes): "STR1" | u32 version | u32 slots in use | i32 pid | u64 id
+ *   RING_SLOTS slots of RING_SLOT bytes: a header page, then RING_CAP bytes of records
+ *   slot header: u32 used | u32 thread (the stream the records belong to) |
+ *                u64 head @RING_OFF_HEAD (bytes ever written: the thread alone stores it) |
+ *                u64 tail @RING_OFF_TAIL (bytes ever drained: the recorder alone stores it)
+ * A record is complete before head covers it; the thread changes a slot's thread index
+ * only while the slot is empty (head == tail). */
+#define RING_MAGIC "STR1"
+#define RING_VERSION 1
+#define ARENA_HDR 4096
+#define ARENA_OFF_NSLOTS 8
+#define ARENA_OFF_PID 12
+#define ARENA_OFF_ID 16
+#define RING_SLOTS 1024
+#define RING_HDR 4096
+#define RING_CAP 1048576 /* a power of two */
+#define RING_SLOT 1052672 /* RING_HDR + RING_CAP */
+#define RING_OFF_TINDEX 4
+#define RING_OFF_HEAD 64
+#define RING_OFF_TAIL 128
 
 /* channels (u8) */
 #define CH_CLOCK 1

@@ -12,10 +12,13 @@ static void *trampoline(void *p) {
     T.init = 1;
     T.sched_off = tr.paused;
     T.guard = tr.paused; /* replay never starts it: nothing it does may be on the tape */
+    T.counted = !tr.paused; /* in g_live_threads from pthread_create on */
     pthread_setspecific(g_key, (void *)1);
     sched_thread_start();
     void *ret = tr.fn(tr.arg);
     sched_thread_end();
+    if (!tr.paused) __atomic_sub_fetch(&g_live_threads, 1, __ATOMIC_SEQ_CST);
+    T.counted = 0;
     return ret;
 }
 
@@ -33,22 +36,20 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
         tr->idx = __atomic_fetch_add(&g_tnext, 1, __ATOMIC_RELAXED);
         sched_thread_created();
     }
+    if (!tr->paused) __atomic_add_fetch(&g_live_threads, 1, __ATOMIC_SEQ_CST);
     int r = real_pthread_create(th, attr, trampoline, tr);
-    if (r) free(tr);
+    if (r) {
+        if (!tr->paused) __atomic_sub_fetch(&g_live_threads, 1, __ATOMIC_SEQ_CST);
+        free(tr);
+    }
     return r;
 }
 
-/* Destructor of g_key (set by every taped thread): a thread that exits ships its buffer
- * and frees its slot for the next thread. */
+/* Destructor of g_key (set by every taped thread): a thread that exits gives its ring
+ * back; the recorder drains what is left in it as this thread's. */
 static void thread_key_done(void *unused) {
     (void)unused;
     for (int i = 0; i < 2; i++)
         if (T.spare[i]) { shim_unmap(T.spare[i], DBLOCK); T.spare[i] = NULL; }
-    if (g_mode != MODE_RECORD || !T.tb) return;
-    tbuf_t *b = T.tb;
-    spin_lock(&b->lock);
-    ship_buf(b);
-    __atomic_store_n(&b->used, 0, __ATOMIC_RELEASE);
-    spin_unlock(&b->lock);
-    T.tb = NULL;
+    if (g_mode == MODE_RECORD) ring_release(&T);
 }

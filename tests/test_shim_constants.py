@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from stenograph.interpose import pytape, shim
-from stenograph.recorder import tape
+from stenograph.recorder import rings, tape
 
 SHIM_C = Path(__file__).resolve().parent.parent / "shim_c"
 DEFINE = re.compile(r"^#define\s+(\w+)\s+(\d+|\"[^\"]*\")", re.MULTILINE)
@@ -45,6 +45,14 @@ MIRRORS = [
     ("MSG_DATA", "stenograph.recorder.tape.MSG_DATA", tape.MSG_DATA),
     ("MSG_BARRIER", "stenograph.recorder.tape.MSG_BARRIER", tape.MSG_BARRIER),
     ("MSG_EXIT", "stenograph.recorder.tape.MSG_EXIT", tape.MSG_EXIT),
+    ("MSG_RING", "stenograph.recorder.tape.MSG_RING", tape.MSG_RING),
+    ("MSG_NUDGE", "stenograph.recorder.tape.MSG_NUDGE", tape.MSG_NUDGE),
+    ("MSG_BIG", "stenograph.recorder.tape.MSG_BIG", tape.MSG_BIG),
+    *[(name, f"stenograph.recorder.rings.{name}",
+       getattr(rings, name).decode() if name == "RING_MAGIC" else getattr(rings, name))
+      for name in ("RING_MAGIC", "RING_VERSION", "ARENA_HDR", "ARENA_OFF_NSLOTS",
+                   "ARENA_OFF_PID", "ARENA_OFF_ID", "RING_SLOTS", "RING_HDR", "RING_CAP",
+                   "RING_SLOT", "RING_OFF_TINDEX", "RING_OFF_HEAD", "RING_OFF_TAIL")],
     ("DIVERGENCE_EXIT", "stenograph.recorder.tape.DIVERGENCE_EXIT", tape.DIVERGENCE_EXIT),
     ("DIVERGENCE_EXIT", "stenograph.interpose.pytape.DIVERGED_EXIT", pytape.DIVERGED_EXIT),
 ]

@@ -255,6 +255,8 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             "status": result.status,
             "stdout_sha256": result.stdout_sha256,
             "stderr_sha256": result.stderr_sha256,
+            "stdout_bytes": result.stdout_bytes,
+            "stderr_bytes": result.stderr_bytes,
             "chunks": stats.chunks,
             "processes": sorted(stats.procs),
             "exchanges": exchanges.count,
@@ -318,7 +320,8 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         if keep_tape:
             tape.mkdir(parents=True, exist_ok=True)
             (tape / "divergence").unlink(missing_ok=True)
-        prepare_tape(events, tape)
+        killed = _killed_by(ended)
+        prepare_tape(events, tape, killed=killed)
         prepare_py_tape(events, tape, blobs)
         rec_env = started.get("env") or {}
         if not isinstance(rec_env, dict):
@@ -336,9 +339,12 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         cwd = started.get("cwd")
         if not isinstance(cwd, str) or not os.path.isdir(cwd):
             cwd = None
+        cut = (ended.get("stdout_bytes"), ended.get("stderr_bytes"))
         result = run_under_shim(argv, _shim_env(env, "replay", **extra),
                                 cwd=cwd, passthrough=not as_json,
-                                seal=None if unsealed else _seal(started, ended, tape))
+                                seal=None if unsealed else _seal(started, ended, tape),
+                                cut=cut if killed and all(isinstance(n, int) for n in cut)
+                                else None)
         report = _report(file, tape, started, ended, result, argv)
     finally:
         if not keep_tape:
@@ -354,6 +360,12 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         if not as_json:
             raise ReplayDiverged(f"replay is not bit-identical ({different} differ)", file)
         sys.exit(ReplayDiverged.exit_code)
+
+
+def _killed_by(ended: dict[str, Any]) -> int | None:
+    """The signal that ended the recorded run, if one did (exit status ``-signal``)."""
+    status = ended.get("status")
+    return -status if isinstance(status, int) and status < 0 else None
 
 
 def _seal(started: dict[str, Any], ended: dict[str, Any], tape: Path) -> Seal:
@@ -385,18 +397,33 @@ def _report(file: str, tape: Path, started: dict[str, Any], ended: dict[str, Any
             divs.append(entry)
         else:
             drift.append(entry)
-    return {
+    same = {
+        "stdout": result.stdout_sha256 == ended.get("stdout_sha256"),
+        "stderr": result.stderr_sha256 == ended.get("stderr_sha256"),
+        "exit_status": result.status == ended.get("status"),
+    }
+    report: dict[str, Any] = {
         "file": file,
         "argv": argv,
         "divergences": divs,
         "drift": drift,
         "exit_status": {"recorded": ended.get("status"), "replayed": result.status},
-        "identical": {
-            "stdout": result.stdout_sha256 == ended.get("stdout_sha256"),
-            "stderr": result.stderr_sha256 == ended.get("stderr_sha256"),
-            "exit_status": result.status == ended.get("status"),
-        },
+        "identical": same,
     }
+    killed = _killed_by(ended)
+    if killed is not None:
+        # A kill lands between two taped calls; the replay ends at the next one, so it
+        # may print what the recorded run was killed before printing. What the recorded
+        # run printed must come out first, byte for byte.
+        past = {}
+        for name, prefix, n in (("stdout", result.stdout_prefix_sha256, result.stdout_bytes),
+                                ("stderr", result.stderr_prefix_sha256, result.stderr_bytes)):
+            recorded_n = ended.get(f"{name}_bytes")
+            if not same[name] and prefix is not None and prefix == ended.get(f"{name}_sha256"):
+                same[name] = True
+                past[name] = n - int(recorded_n or 0)
+        report["killed"] = {"signal": killed, "after_kill_bytes": past}
+    return report
 
 
 def _print_report(report: dict[str, Any], as_json: bool) -> None:
@@ -425,5 +452,10 @@ def _print_report(report: dict[str, Any], as_json: bool) -> None:
     if not report["divergences"]:
         same = report["identical"]
         verdict = "bit-identical" if all(same.values()) else "DIFFERENT"
+        if report.get("killed") and all(same.values()):
+            verdict += f" up to the kill (signal {report['killed']['signal']})"
+            past = report["killed"]["after_kill_bytes"]
+            verdict += "".join(f"; {n} byte(s) of {k} after the point the recorded run "
+                               f"was killed at" for k, n in past.items() if n)
         parts = ", ".join(f"{k} {'identical' if v else 'differs'}" for k, v in same.items())
         click.echo(f"stenograph: replay {verdict}: {parts}", err=err)

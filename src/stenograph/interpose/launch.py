@@ -45,6 +45,33 @@ class RunResult:
     stderr_sha256: str
     stdout: bytes | None = None
     stderr: bytes | None = None
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    stdout_prefix_sha256: str | None = None
+    """sha256 of the first ``cut`` bytes of stdout (``None``: fewer came, or no cut)."""
+    stderr_prefix_sha256: str | None = None
+
+
+class OutputDigest:
+    """sha256 and length of a stream, and the sha256 of its first ``cut`` bytes: the
+    replay of a run that was killed compares the part the recording saw."""
+
+    def __init__(self, cut: int | None = None) -> None:
+        self._h = hashlib.sha256()
+        self.n = 0
+        self._cut = cut
+        self.prefix: str | None = hashlib.sha256().hexdigest() if cut == 0 else None
+
+    def update(self, data: bytes) -> None:
+        if self._cut is not None and self.n < self._cut <= self.n + len(data):
+            p = self._h.copy()
+            p.update(data[:self._cut - self.n])
+            self.prefix = p.hexdigest()
+        self._h.update(data)
+        self.n += len(data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
 
 
 _PERSONALITY_LOCK = threading.Lock()
@@ -129,7 +156,8 @@ def _is_go(path: str) -> bool:
         return False
 
 
-def _pump(src: BinaryIO, dst_fd: int | None, digest: Any, keep: list[bytes] | None) -> None:
+def _pump(src: BinaryIO, dst_fd: int | None, digest: OutputDigest,
+          keep: list[bytes] | None) -> None:
     while True:
         chunk = src.read1(65536) if hasattr(src, "read1") else src.read(65536)
         if not chunk:
@@ -336,10 +364,12 @@ def run_under_shim(
     capture: bool = False,
     aslr_off: bool = True,
     seal: Seal | None = None,
+    cut: tuple[int, int] | None = None,
 ) -> RunResult:
     """Run ``argv`` with ``env`` (which carries LD_PRELOAD and STENO_*); wait for it.
     With ``seal``, in a private mount namespace (see ``Seal``); ``SealUnavailable`` if
-    the namespace cannot be made."""
+    the namespace cannot be made. ``cut``: stdout and stderr lengths whose prefixes to
+    hash too (``OutputDigest``)."""
     prog = resolve_program(argv, env)
     check_dynamic(prog)
     preexec = _seal_preexec(seal, seal_roots(env)) if seal is not None else None
@@ -357,7 +387,8 @@ def run_under_shim(
         ) from None
     except OSError as exc:
         raise BadInput(f"cannot run command: {exc.strerror}", argv[0]) from None
-    out_h, err_h = hashlib.sha256(), hashlib.sha256()
+    out_h = OutputDigest(cut[0] if cut else None)
+    err_h = OutputDigest(cut[1] if cut else None)
     out_keep: list[bytes] | None = [] if capture else None
     err_keep: list[bytes] | None = [] if capture else None
     sys.stdout.flush()
@@ -378,6 +409,7 @@ def run_under_shim(
         status, out_h.hexdigest(), err_h.hexdigest(),
         b"".join(out_keep) if out_keep is not None else None,
         b"".join(err_keep) if err_keep is not None else None,
+        out_h.n, err_h.n, out_h.prefix, err_h.prefix,
     )
 
 

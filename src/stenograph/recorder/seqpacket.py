@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 Handler = Callable[[socket.socket, bytes], None]
+FdHandler = Callable[[socket.socket, bytes, list[int]], None]
+CloseHandler = Callable[[socket.socket], None]
 
 
 class SeqpacketServer:
@@ -25,17 +27,25 @@ class SeqpacketServer:
     A handler that raises has the error noted in ``errors``; with ``stop_on_error``
     the connection is then closed, so a client waiting for an acknowledgement fails
     instead of going on as if its message had been kept.
+
+    With ``fd_handler``, a message that carries file descriptors (``SCM_RIGHTS``) goes
+    to it instead, with the descriptors (which it owns from then on). ``on_close`` runs
+    once a connection has ended, after its last message: for a peer that dies, that
+    is the moment its death is known.
     """
 
     def __init__(self, path: str | Path, handler: Handler, *, name: str,
                  max_message: int, rcvbuf: int | None = None,
-                 stop_on_error: bool = False) -> None:
+                 stop_on_error: bool = False, fd_handler: FdHandler | None = None,
+                 on_close: CloseHandler | None = None) -> None:
         self.path = str(path)
         self.errors: list[str] = []
         self._handler = handler
         self._max = max_message
         self._rcvbuf = rcvbuf
         self._stop_on_error = stop_on_error
+        self._fd_handler = fd_handler
+        self._on_close = on_close
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._open = 0
@@ -64,20 +74,35 @@ class SeqpacketServer:
     def _serve(self, conn: socket.socket) -> None:
         try:
             while True:
+                fds: list[int] = []
                 try:
-                    msg = conn.recv(self._max)
+                    if self._fd_handler is None:
+                        msg = conn.recv(self._max)
+                    else:
+                        msg, fds = _recv_fds(conn, self._max)
                 except OSError:
                     return
                 if not msg:
+                    for fd in fds:
+                        os.close(fd)
                     return
                 try:
-                    self._handler(conn, msg)
+                    if fds and self._fd_handler is not None:
+                        self._fd_handler(conn, msg, fds)
+                    else:
+                        self._handler(conn, msg)
                 except Exception as exc:  # noted; one bad peer must not stop the others
                     with self._lock:
                         self.errors.append(f"{type(exc).__name__}: {exc}")
                     if self._stop_on_error:
                         return
         finally:
+            if self._on_close is not None:
+                try:
+                    self._on_close(conn)
+                except Exception as exc:  # noted, as a handler's error is
+                    with self._lock:
+                        self.errors.append(f"{type(exc).__name__}: {exc}")
             conn.close()
             with self._lock:
                 self._open -= 1
@@ -94,3 +119,14 @@ class SeqpacketServer:
             os.unlink(self.path)
         for t in list(self._threads):
             t.join(timeout=0.5)
+
+
+def _recv_fds(conn: socket.socket, limit: int) -> tuple[bytes, list[int]]:
+    """One message and the descriptors that came with it (at most 4 are kept)."""
+    msg, ancdata, _flags, _addr = conn.recvmsg(limit, socket.CMSG_SPACE(4 * 4))
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds.extend(int.from_bytes(data[i:i + 4], "little") for i in range(0, usable, 4))
+    return msg, fds

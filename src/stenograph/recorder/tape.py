@@ -1,11 +1,12 @@
 """The process tape: the recorder end of the C shim's protocol (docs/shim-protocol.md).
 
 Record: a ``RecordSession`` listens on a unix SOCK_SEQPACKET socket. Every process of
-the recorded tree connects; each message is one thread's batch of raw records. A data
-message becomes one ``TapeChunk`` event ``{"proc", "thread", "data"}`` appended without
-waiting for a sync (a start-up alone makes ~1000 clock reads); a barrier or exit
-message is acknowledged with one byte once everything the shim sent before it has been
-appended (ordering); the store is synced by the recorder at least every 0.2 s.
+the recorded tree connects and hands over its arena of per-thread rings in shared
+memory (``rings``); what a drain takes from one ring becomes one ``TapeChunk`` event
+``{"proc", "thread", "data"}`` appended without waiting for a sync (a start-up alone
+makes ~1000 clock reads); a barrier or exit message is answered with one byte once
+everything the process taped before it has been appended (ordering); the store is
+synced by the recorder at least every 0.2 s.
 
 Replay: ``prepare_tape`` splits the chunks of a trajectory back into per-stream files
 ``TAPE/<proc>/<thread>.<channel>`` -- the concatenated records of that stream, in log
@@ -15,6 +16,7 @@ order -- which the shim maps and serves.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import struct
@@ -26,11 +28,13 @@ from typing import Any
 
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import CorruptLog
+from stenograph.recorder.rings import Arena, Drained, process_gone
 from stenograph.recorder.seqpacket import SeqpacketServer
 
 MAGIC = b"STP1"
-MSG_DATA, MSG_BARRIER, MSG_EXIT = 1, 2, 3
+MSG_DATA, MSG_BARRIER, MSG_EXIT, MSG_RING, MSG_NUDGE, MSG_BIG = 1, 2, 3, 4, 5, 6
 HEADER = struct.Struct("<4sHHIH")
+_ARENA_ID = struct.Struct("<Q")
 RECORD = struct.Struct("<BBHI")
 CHANNELS = {1: "clock", 2: "entropy", 3: "dirents", 4: "identity", 5: "wait", 6: "io",
             7: "sched", 8: "meta", 9: "signal"}
@@ -180,53 +184,190 @@ class SessionStats:
     errors: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Peer:
+    """What one connection is: its process and (once announced) that process's arena."""
+
+    proc: str
+    arena: Arena | None = None
+
+
 class RecordSession:
-    """Accept shim connections and append their batches to ``store`` as ``traj``."""
+    """Take the tape of every process of a recorded tree and append it to ``store``.
+
+    Each process's records are in its arena of shared rings (``rings.Arena``); its
+    connection announces the arena, asks for drains (barriers, before exec and exit,
+    and when a ring is full), nudges (a ring half full) and carries the rare record
+    too big for a ring. Arenas are drained on those requests, every ``DRAIN_EVERY``
+    seconds, when a connection ends (a process that dies, however it dies: nothing it
+    taped is lost), and at ``close``.
+    """
+
+    DRAIN_EVERY = 0.05
 
     def __init__(self, store: Any, traj: str, sock_path: str | Path) -> None:
         self.store = store
         self.traj = traj
         self.stats = SessionStats()
         self._lock = threading.Lock()
+        self._peers: dict[socket.socket, _Peer] = {}
+        self._arenas: dict[int, Arena] = {}
+        self._live: dict[int, int] = {}  # arena id -> open connections naming it
+        self._proc_of: dict[int, str] = {}  # arena id -> the process writing it
+        self._stop = threading.Event()
         self._server = SeqpacketServer(sock_path, self._handle, name="steno-accept",
-                                       max_message=MAX_MESSAGE, rcvbuf=4 << 20)
+                                       max_message=MAX_MESSAGE, rcvbuf=4 << 20,
+                                       fd_handler=self._handle_fds, on_close=self._closed)
         self.sock_path = self._server.path
         self.stats.errors = self._server.errors
+        self._drainer = threading.Thread(target=self._drain_loop, name="steno-drain",
+                                         daemon=True)
+        self._drainer.start()
 
-    def _handle(self, conn: socket.socket, msg: bytes) -> None:
+    # -- messages
+
+    def _parse(self, msg: bytes) -> tuple[int, int, str, bytes]:
         if len(msg) < HEADER.size:
             raise ValueError(f"short message ({len(msg)} bytes)")
         magic, mtype, _zero, thread, plen = HEADER.unpack_from(msg)
         if magic != MAGIC:
             raise ValueError(f"bad magic {magic!r}")
-        proc = msg[HEADER.size:HEADER.size + plen].decode()
-        check_proc(proc)
-        body = msg[HEADER.size + plen:]
-        if mtype == MSG_DATA:
-            if body:
-                self.store.append(self.traj, "TapeChunk",
-                                  {"proc": proc, "thread": thread, "data": body}, durable=False)
-                with self._lock:
-                    self.stats.chunks += 1
-                    self.stats.bytes += len(body)
-                    self.stats.procs.add(proc)
-        elif mtype in (MSG_BARRIER, MSG_EXIT):
-            # Ordering, not durability: every message this connection sent before the
-            # barrier has been appended by now (one connection is served in order), and
-            # what a process sent before exec or exit stays readable in the socket even
-            # after it is gone. Syncing here cost an fdatasync per exec and per exit;
-            # durability comes from the recorder's periodic flush and from each model or
-            # tool exchange, which is synced before the program sees its result.
+        proc = check_proc(msg[HEADER.size:HEADER.size + plen].decode())
+        return mtype, thread, proc, msg[HEADER.size + plen:]
+
+    def _handle_fds(self, conn: socket.socket, msg: bytes, fds: list[int]) -> None:
+        for extra in fds[1:]:
+            os.close(extra)
+        try:
+            mtype, _thread, proc, body = self._parse(msg)
+            if mtype != MSG_RING:
+                raise ValueError(f"a descriptor came with message type {mtype}")
+        except Exception:
+            os.close(fds[0])
+            raise
+        arena_id = _ARENA_ID.unpack_from(body)[0] if len(body) >= _ARENA_ID.size else None
+        with self._lock:
+            known = self._arenas.get(arena_id) if arena_id is not None else None
+        if known is not None:
+            os.close(fds[0])
+        else:
+            known = Arena(fds[0])
+            with self._lock:
+                self._arenas[known.id] = known
+        self._attach(conn, proc, known)
+
+    def _attach(self, conn: socket.socket, proc: str, arena: Arena) -> None:
+        with self._lock:
+            peer = self._peers.setdefault(conn, _Peer(proc))
+            if peer.arena is not arena:
+                peer.arena = arena
+                self._live[arena.id] = self._live.get(arena.id, 0) + 1
+            self.stats.procs.add(proc)
+            self._proc_of[arena.id] = proc
+
+    def _handle(self, conn: socket.socket, msg: bytes) -> None:
+        mtype, thread, proc, body = self._parse(msg)
+        with self._lock:
+            peer = self._peers.setdefault(conn, _Peer(proc))
+            self.stats.procs.add(proc)
+        if mtype == MSG_RING:  # a reconnect: the arena is named, not sent again
+            arena_id = _ARENA_ID.unpack_from(body)[0] if len(body) >= _ARENA_ID.size else -1
+            with self._lock:
+                arena = self._arenas.get(arena_id)
+            if arena is None:
+                raise ValueError(f"process {proc} names arena {arena_id:#x}, never sent")
+            self._attach(conn, proc, arena)
+        elif mtype == MSG_NUDGE:
+            self._drain(peer.arena)
+        elif mtype in (MSG_BARRIER, MSG_EXIT, MSG_BIG):
+            # Ordering, not durability: everything the process taped before the request
+            # is appended before the answer. Syncing here cost an fdatasync per exec and
+            # per exit; durability comes from the recorder's periodic flush and from each
+            # model or tool exchange, which is synced before the program sees its result.
+            big = [Drained(thread, body)] if mtype == MSG_BIG and body else []
+            self._drain(peer.arena, then=big)
             with self._lock:
                 self.stats.barriers += 1
-                self.stats.procs.add(proc)
             conn.send(b"\x01")
+        elif mtype == MSG_DATA:  # records sent as they are (an older shim's way)
+            if body:
+                self._append(proc, [Drained(thread, body)])
         else:
             raise ValueError(f"unknown message type {mtype}")
 
+    # -- draining
+
+    def _drain(self, arena: Arena | None, then: list[Drained] | None = None) -> None:
+        if arena is None:
+            if then:
+                raise ValueError("a record came before its process's arena")
+            return
+        with arena.lock:
+            chunks = arena.drain() + (then or [])
+            if chunks:
+                self._append(self._proc_of[arena.id], chunks)
+
+    def _append(self, proc: str, chunks: list[Drained]) -> None:
+        for c in chunks:
+            self.store.append(self.traj, "TapeChunk",
+                              {"proc": proc, "thread": c.thread, "data": c.data}, durable=False)
+        with self._lock:
+            self.stats.chunks += len(chunks)
+            self.stats.bytes += sum(len(c.data) for c in chunks)
+
+    def _closed(self, conn: socket.socket) -> None:
+        """A connection ended: drain its arena; let it go once its process is gone."""
+        with self._lock:
+            peer = self._peers.pop(conn, None)
+            arena = peer.arena if peer else None
+            if arena is not None:
+                self._live[arena.id] -= 1
+        if arena is not None:
+            self._drain(arena)
+            self._retire_if_gone(arena)
+
+    def _retire_if_gone(self, arena: Arena) -> None:
+        with self._lock:
+            if self._live.get(arena.id, 0) > 0 or not process_gone(arena.pid):
+                return
+            self._arenas.pop(arena.id, None)
+            self._live.pop(arena.id, None)
+        self._drain(arena)
+        with arena.lock:
+            arena.close()
+
+    def _drain_loop(self) -> None:
+        while not self._stop.wait(self.DRAIN_EVERY):
+            self.drain_all()
+
+    def drain_all(self) -> None:
+        """Drain every arena now (also: retire those whose process has gone)."""
+        with self._lock:
+            arenas = list(self._arenas.values())
+        for arena in arenas:
+            try:
+                self._drain(arena)
+                self._retire_if_gone(arena)
+            except Exception as exc:  # noted; the session goes on
+                with self._lock:
+                    self.stats.errors.append(f"{type(exc).__name__}: {exc}")
+
     def close(self, *, grace: float = 2.0) -> SessionStats:
-        """Stop accepting; wait up to ``grace`` seconds for open connections to end."""
+        """Stop accepting; wait up to ``grace`` seconds for open connections to end;
+        drain every arena a last time."""
         self._server.close(grace)
+        self._stop.set()
+        self._drainer.join()
+        self.drain_all()
+        with self._lock:
+            arenas, self._arenas = list(self._arenas.values()), {}
+            corrupt = sum(a.corrupt for a in arenas)
+        for arena in arenas:
+            with arena.lock:
+                arena.close()
+        if corrupt:
+            self.stats.errors.append(f"{corrupt} ring(s) overwritten by the program: "
+                                     "their records were dropped")
         self.store.flush()
         return self.stats
 
@@ -245,8 +386,13 @@ def stream_name(thread: int, channel: int) -> str:
     return f"{thread}.{CHANNELS[channel]}"
 
 
-def prepare_tape(events: Iterable[Event], tape_dir: str | Path) -> TapeSummary:
-    """Write ``tape_dir/<proc>/<thread>.<channel>`` from the ``TapeChunk`` events."""
+def prepare_tape(events: Iterable[Event], tape_dir: str | Path, *,
+                 killed: int | None = None) -> TapeSummary:
+    """Write ``tape_dir/<proc>/<thread>.<channel>`` from the ``TapeChunk`` events.
+
+    ``killed``: the signal that ended the recorded run from outside (its exit status was
+    ``-killed``); written to ``tape_dir/killed``, where a process whose tape ends without
+    an exit record finds it and ends the same way at that point (shim ``await_kill``)."""
     root = Path(tape_dir)
     root.mkdir(parents=True, exist_ok=True)
     streams: dict[tuple[str, int, int], list[bytes]] = {}
@@ -282,6 +428,8 @@ def prepare_tape(events: Iterable[Event], tape_dir: str | Path) -> TapeSummary:
     for proc in exited:
         (root / proc).mkdir(exist_ok=True)
         (root / proc / "exited").touch()
+    if killed is not None:
+        (root / "killed").write_text(str(killed))
     summary.streams = len(streams)
     summary.procs = sorted(procs, key=lambda p: [int(x) for x in p.split(".")])
     return summary

@@ -1,0 +1,126 @@
+"""A program killed with SIGKILL at a random moment replays up to the kill, 30 times in 30.
+
+Real processes under the real shim: a Python program with a worker thread fed through a
+queue, clock reads, entropy, listings and a shell pipeline in a child every 50 lines
+makes itself a process group leader and prints as it goes; the test kills the whole
+group with SIGKILL at a random moment while `stenograph record` runs it. The replay
+must end the same way (the recorded signal) and print everything the recorded run
+printed, byte for byte, before anything else. Nothing the shim taped may be lost with
+the process: the tape is in memory the recorder shares (shim_c/ring.c).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "stenograph"]
+PROGRAM = """
+import os, queue, random, subprocess, sys, threading, time
+os.setpgrp()
+q = queue.Queue()
+def worker():
+    while (item := q.get()) is not None:
+        print("w", item, time.monotonic_ns() % 997, os.urandom(2).hex(), flush=True)
+t = threading.Thread(target=worker)
+t.start()
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+for i in range(150):
+    print(i, time.time(), random.random(), len(os.listdir(".")), flush=True)
+    if i % 5 == 0:
+        q.put(i)
+    if i % 50 == 25:
+        subprocess.run(["/bin/sh", "-c", "date +%N; ls / | wc -l"])
+    time.sleep(0.002)
+q.put(None)
+t.join()
+"""
+TRIALS = 30
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
+
+
+def _record_killed(tmp: Path, rng: random.Random) -> tuple[bytes, int]:
+    """Record the program, SIGKILL its group after a random delay; its stdout and status."""
+    ready = tmp / "ready"
+    prog = tmp / "prog.py"
+    prog.write_text(PROGRAM)
+    rec = subprocess.Popen([*CLI, "record", "-o", str(tmp / "run.steno"), "--",
+                            sys.executable, str(prog), str(ready)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp, env=_env())
+    deadline = time.monotonic() + 30
+    while not (ready.exists() and ready.read_text()):
+        assert time.monotonic() < deadline and rec.poll() is None, "program never started"
+        time.sleep(0.005)
+    time.sleep(rng.uniform(0.0, 0.3))
+    with contextlib.suppress(ProcessLookupError):  # it had finished: not killed, also fine
+        os.killpg(int(ready.read_text()), signal.SIGKILL)
+    out, err = rec.communicate(timeout=60)
+    assert b"recorded" in err, err.decode()
+    return out, rec.returncode
+
+
+def test_sigkill_at_random_points_replays_up_to_the_kill(tmp_path: Path) -> None:
+    rng = random.Random(int(os.environ.get("STENO_KILL_SEED", "8")))
+    killed = 0
+    for trial in range(TRIALS):
+        d = tmp_path / f"t{trial}"
+        d.mkdir()
+        out, _status = _record_killed(d, rng)
+        p = subprocess.run([*CLI, "replay", "--json", str(d / "run.steno")],
+                           capture_output=True, cwd=d, env=_env(), timeout=120)
+        report = json.loads(p.stdout.decode().strip().splitlines()[-1])
+        assert p.returncode == 0, (trial, report["divergences"][:1], report["identical"])
+        status = report["exit_status"]
+        assert status["recorded"] == status["replayed"], (trial, status)
+        if status["recorded"] == -signal.SIGKILL:
+            killed += 1
+            assert report["killed"]["signal"] == signal.SIGKILL
+        # (stdout compared as its first len(out) bytes' sha256: the recorded lines first)
+        assert report["identical"] == {"stdout": True, "stderr": True, "exit_status": True}
+        assert out or status["recorded"] == -signal.SIGKILL
+    assert killed >= TRIALS // 2, f"only {killed} of {TRIALS} runs were killed mid-way"
+
+
+@pytest.mark.parametrize("lines", [3])
+def test_killed_single_thread_replay_ends_where_the_recording_did(tmp_path: Path,
+                                                                  lines: int) -> None:
+    """No thread, no child: the last line printed before the kill is in the replay."""
+    prog = tmp_path / "p.py"
+    ready = tmp_path / "ready"
+    prog.write_text(f"""
+import os, sys, time
+for i in range({lines}):
+    print(i, time.time(), flush=True)
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(60)
+""")
+    rec = subprocess.Popen([*CLI, "record", "-o", str(tmp_path / "k.steno"), "--",
+                            sys.executable, str(prog), str(ready)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    while not (ready.exists() and ready.read_text()):
+        assert rec.poll() is None
+        time.sleep(0.01)
+    os.kill(int(ready.read_text()), signal.SIGKILL)
+    out, _ = rec.communicate(timeout=60)
+    assert len(out.splitlines()) == lines
+    t0 = time.monotonic()
+    p = subprocess.run([*CLI, "replay", str(tmp_path / "k.steno")], capture_output=True,
+                       env=_env(), timeout=60)
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stdout == out
+    assert "up to the kill (signal 9)" in p.stderr.decode()
+    assert time.monotonic() - t0 < 5  # ends at the end of the tape, not after a timeout
