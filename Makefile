@@ -33,6 +33,7 @@ bench: $(STAMP)
 
 soak: $(STAMP)
 	STENO_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q tests/test_fuzz_readers.py
+	STENO_FRAMEWORK_RUNS=3x10 $(BIN)/pytest -q tests/test_frameworks.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples

@@ -385,10 +385,6 @@ def _kill_tree(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "recorder/tape.py: a barrier (MSG_EXIT) whose drain fails on the poisoned store is never "
-    "acknowledged, so the program hangs at exit; cli_run.py: _Flusher's thread dies with a "
-    "traceback, and the failure line does not say how many exchanges were lost"))
 def test_an_exchange_the_store_cannot_take_leaves_the_program_unharmed(
         tmp_path: Path, small_disk: Path, counting_server: str) -> None:
     from stenograph.recorder.store import Store, StoreSettings

@@ -50,6 +50,7 @@ from stenograph.recorder.errors import (
     BadInput,
     CorruptLog,
     ReplayDiverged,
+    StenographError,
     WriteFailed,
 )
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
@@ -111,7 +112,10 @@ class _Flusher:
 
     def _run(self) -> None:
         while not self._stop.wait(FLUSH_EVERY):
-            self._store.flush()
+            try:
+                self._store.flush()
+            except (OSError, StenographError):  # the next append reports it
+                return
 
     def close(self) -> None:
         self._stop.set()
@@ -169,7 +173,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
         raise BadInput("an interrupted recording is in the way; export it with "
                        "`stenograph log export` or remove it", str(store_path))
     existed = store_path.exists()
-    ran: dict[str, RunResult] = {}
+    ran: dict[str, Any] = {}
     try:
         env = _base_env()
         try:
@@ -181,13 +185,15 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
         except OSError as exc:
             if exc.errno not in WRITE_ERRNOS:
                 raise
-            _record_failed(exc, store_path, existed, traj, ran.get("result"))
+            _record_failed(exc, store_path, existed, traj, ran.get("result"), ran.get("lost"))
         if not store_dir:
             shutil.rmtree(store_path, ignore_errors=True)
         click.echo(
             f"stenograph: recorded {traj}: exit {result.status}, {stats.chunks} tape chunks "
             f"from {len(stats.procs)} process(es), {exchanges.count} exchanges -> {out}",
             err=True)
+        if ran.get("lost"):
+            click.echo(f"stenograph: warning: {ran['lost']}", err=True)
         for s in stalls:
             click.echo(
                 f"stenograph: warning: process {s.get('proc')} thread {s.get('thread')} waited "
@@ -201,9 +207,9 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
 
 
 def _record_failed(exc: OSError, store_path: Path, existed: bool, traj: str,
-                   result: RunResult | None) -> NoReturn:
+                   result: RunResult | None, lost: str | None = None) -> NoReturn:
     """A write refused mid-record: say what survived and what to do with it."""
-    what = f"{exc.strerror} ({exc.filename or store_path})"
+    what = f"{exc.strerror} ({exc.filename or store_path})" + (f"; {lost}" if lost else "")
     if result is None:
         if not existed:  # nothing the program did is in it: leave no half store
             shutil.rmtree(store_path, ignore_errors=True)
@@ -218,7 +224,7 @@ def _record_failed(exc: OSError, store_path: Path, existed: bool, traj: str,
 
 
 def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, str],
-                 tmp: str, asyncio_loop: bool, ran: dict[str, RunResult]
+                 tmp: str, asyncio_loop: bool, ran: dict[str, Any]
                  ) -> tuple[Any, Any, list[dict[str, str]], RunResult]:
     """Run ARGV under the tape into STORE_PATH: RunStarted, the run, RunEnded. The
     program's result goes into ``ran`` as soon as it has one (a failure after it must
@@ -249,6 +255,7 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
         finally:
             flusher.close()
             exchanges.close()
+            ran["lost"] = exchanges.loss_note()
             stats = session.close()
         stalls = _stalls(Path(session.sock_path).parent / "stalls")
         store.append(traj, "RunEnded", {
@@ -260,6 +267,8 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             "chunks": stats.chunks,
             "processes": sorted(stats.procs),
             "exchanges": exchanges.count,
+            "exchanges_lost": exchanges.lost,
+            "bodies_lost": exchanges.bodies_lost,
             "errors": (stats.errors + exchanges.errors)[:20],
             # names the run created in /tmp, /var/tmp, $TMPDIR: hidden at replay
             "tmp_created": created_names(tmp_before, listing(list(tmp_before))),

@@ -285,7 +285,11 @@ class RecordSession:
             # per exit; durability comes from the recorder's periodic flush and from each
             # model or tool exchange, which is synced before the program sees its result.
             big = [Drained(thread, body)] if mtype == MSG_BIG and body else []
-            self._drain(peer.arena, then=big)
+            try:
+                self._drain(peer.arena, then=big)
+            except Exception as exc:  # the store refused it: noted, the program goes on
+                with self._lock:
+                    self.stats.errors.append(f"{type(exc).__name__}: {exc}")
             with self._lock:
                 self.stats.barriers += 1
             conn.send(b"\x01")
