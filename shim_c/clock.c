@@ -5,14 +5,15 @@ _Static_assert(sizeof(clockrec_t) == 24, "clock payload: i32 arg | i32 rc | i64 
 
 /* The hot path of record mode: one fixed-size clock record appended to this thread's
  * ring with constant-size copies the compiler inlines; anything unusual (no ring yet,
- * the ring past half full or wrapping, a handler's records pending) takes rec(). */
+ * a nudge mark to pass -- the ring's end is one --, a full ring, a handler's records
+ * pending) takes rec(). */
 static inline void rec_clock(tls_t *t, int op, const clockrec_t *r) {
     ring_t *b = t->tb;
     if (LIKELY(b != NULL) && LIKELY(!t->sigpend_n)) {
         inshim_enter(); /* before reading head: a handler's record must not be overwritten */
         uint64_t at = b->head, end = at + 8 + sizeof *r;
-        if (LIKELY(end - __atomic_load_n(&b->tail, __ATOMIC_ACQUIRE) <= RING_CAP / 2) &&
-            LIKELY((at & RING_MASK) + 8 + sizeof *r <= RING_CAP)) {
+        if (LIKELY(NUDGE_BLOCK(at) == NUDGE_BLOCK(end)) &&
+            LIKELY(end - __atomic_load_n(&b->tail, __ATOMIC_ACQUIRE) <= RING_CAP)) {
             unsigned char *w = b->data + (at & RING_MASK);
             uint32_t head = (uint32_t)CH_CLOCK | (uint32_t)op << 8 | (uint32_t)t->site << 16;
             uint32_t n = sizeof *r;

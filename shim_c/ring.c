@@ -18,6 +18,11 @@ static unsigned long g_lost; /* records that found no ring, or no recorder to ma
 
 #define RING_MASK ((uint64_t)RING_CAP - 1)
 #define RING_BIG (RING_CAP / 2) /* records above this travel alone (MSG_BIG) */
+/* The recorder is nudged each time a ring's head passes a multiple of this: it drains in
+ * steps small enough to stay ahead of a thread that does nothing but read the clock
+ * (one nudge per ~4,000 clock records; a full ring makes the thread wait). */
+#define RING_NUDGE ((uint64_t)RING_CAP / 8)
+#define NUDGE_BLOCK(x) ((x) / RING_NUDGE)
 
 /* On every new connection: tell the recorder which arena this process writes. */
 static void ring_announce(void) {
@@ -122,12 +127,11 @@ static int ring_room(ring_t *r, uint64_t need) {
     return r->head + need - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) <= RING_CAP;
 }
 
-/* Published: the recorder may now take it. Half full: nudge it (no answer awaited). */
+/* Published: the recorder may now take it; past a nudge mark, nudge it (no answer). */
 static inline void ring_publish(ring_t *r, uint64_t head) {
-    uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
-    uint64_t before = r->head - tail, after = head - tail;
+    uint64_t before = r->head;
     __atomic_store_n(&r->head, head, __ATOMIC_RELEASE);
-    if (UNLIKELY(before < RING_CAP / 2 && after >= RING_CAP / 2)) ship(MSG_NUDGE, T.tindex, NULL, 0);
+    if (UNLIKELY(NUDGE_BLOCK(before) != NUDGE_BLOCK(head))) ship(MSG_NUDGE, T.tindex, NULL, 0);
 }
 
 /* Append one record to this thread's ring: u8 channel | u8 op | u16 site | u32 len. */
