@@ -10,6 +10,13 @@ EXPORT void steno_resume(void) { if (T.guard > 0) T.guard--; }
 
 /* How many wrapped calls of this process ran live and untaped because a signal handler
  * made them while its thread was inside the shim (see reentered). */
+/* The Python tape ran out where the program asks for more: the end of a killed
+ * recording is handled as the C streams' end is (await_kill); returns when the process's
+ * recording has an exit record, i.e. the end is a divergence. */
+EXPORT void steno_tape_ended(void) {
+    if (g_mode == MODE_REPLAY) await_kill();
+}
+
 EXPORT unsigned long steno_reentries(void) { return __atomic_load_n(&g_reentries, __ATOMIC_RELAXED); }
 
 /* The STENO_* settings the shim hid from the environment; STENO_PROC follows forks. */

@@ -124,3 +124,36 @@ time.sleep(60)
     assert p.stdout == out
     assert "up to the kill (signal 9)" in p.stderr.decode()
     assert time.monotonic() - t0 < 5  # ends at the end of the tape, not after a timeout
+
+
+def test_agent_killed_while_a_model_call_is_in_flight(tmp_path: Path) -> None:
+    """The demo agent (the official openai SDK) killed while it waits for a slow model
+    reply: the reply was never recorded, so the replay ends at that call, as the run did,
+    with everything printed before it."""
+    from stenograph.testing.model_server import Knobs, ModelServer
+
+    root = Path(__file__).resolve().parent.parent
+    with ModelServer(script=root / "examples" / "agent_script.json",
+                     knobs=Knobs(delay_ms=600)) as srv:
+        env = {**_env(), "OPENAI_BASE_URL": srv.openai_base_url, "OPENAI_API_KEY": "sk-k"}
+        rec = subprocess.Popen([*CLI, "record", "-o", str(tmp_path / "a.steno"), "--",
+                                sys.executable, str(root / "examples" / "agent.py")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root,
+                               env=env)
+        deadline = time.monotonic() + 60
+        while len(srv.requests) < 2:  # the second model call is in flight
+            assert time.monotonic() < deadline and rec.poll() is None
+            time.sleep(0.01)
+        kids = subprocess.run(["pgrep", "-P", str(rec.pid)], capture_output=True,
+                              text=True).stdout.split()
+        assert kids, "the agent is not running"
+        for kid in kids:
+            os.kill(int(kid), signal.SIGKILL)
+        out, err = rec.communicate(timeout=60)
+    assert b"exit -9" in err, err.decode()
+    assert b"step 1:" in out
+    p = subprocess.run([*CLI, "replay", str(tmp_path / "a.steno")], capture_output=True,
+                       cwd=root, env=_env(), timeout=120)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert p.stdout == out
+    assert "up to the kill (signal 9)" in p.stderr.decode()

@@ -74,6 +74,7 @@ class _ShimControl:
     def __init__(self) -> None:
         self._pause: Any = None
         self._resume: Any = None
+        self._ended: Any = None
         self.track = False
         self.imported: list[str] = []
         self._local = threading.local()
@@ -81,8 +82,16 @@ class _ShimControl:
             me = ctypes.CDLL(None)
             self._pause = me.steno_pause
             self._resume = me.steno_resume
+            self._ended = me.steno_tape_ended
         except (OSError, AttributeError):
             pass
+
+    def tape_ended(self) -> None:
+        """A stream ran out where the program asks for more. If the recorded run was
+        killed there, the process ends as it did (the shim's ``await_kill``: it does
+        not return); else this returns and the caller reports the divergence."""
+        if self._ended is not None:
+            self._ended()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -279,6 +288,8 @@ class PyTape:
         nearest = None
         if free:
             nearest = min(free, key=lambda i: distance(self._req_of(stream[i]), request))
+        elif not self.lenient:
+            self.shim.tape_ended()  # a killed recording ends here, as the C tape does
         lines = [f"{channel} call #{pos} in process {self.proc}: "
                  + ("no recorded call left" if nearest is None else "request differs")]
         lines.append(f"asked:    {request['method']} {request['url']}")
