@@ -25,6 +25,7 @@ from stenograph.interpose.fingerprint import fingerprint
 from stenograph.interpose.pytape import PyTape, ReplayExhausted, current
 from stenograph.recorder.blobs import BlobRef
 from stenograph.recorder.codec import jsonable
+from stenograph.recorder.exchanges import is_lost_body
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,6 +81,8 @@ def _unspill(tape: PyTape, value: Any) -> Any:
     if isinstance(value, dict):
         if "$blob" in value and len(value) == 2:
             return tape.resolve(BlobRef.from_body(value).to_body())
+        if is_lost_body(value):  # the disk was full: resolve reports it
+            return tape.resolve(value)
         return {k: _unspill(tape, v) for k, v in value.items()}
     if isinstance(value, list):
         return [_unspill(tape, v) for v in value]

@@ -52,6 +52,7 @@ from stenograph.interpose import gcpoints
 from stenograph.interpose.fingerprint import distance, request_diff
 from stenograph.interpose.redact import RedactionRules
 from stenograph.recorder.blobs import BlobRef, BlobStore
+from stenograph.recorder.exchanges import is_lost_body
 
 SPILL = 32 << 10
 MAX_MESSAGE = 1 << 20
@@ -262,7 +263,7 @@ class PyTape:
         recorded only as a marker (see ``_without_big_bodies``) is a divergence."""
         if isinstance(value, bytes):
             return value
-        if _is_lost(value):
+        if is_lost_body(value):
             self.diverge(str(value.get("channel", "http")), int(value.get("pos", -1)), [
                 f"{value.get('channel', 'http')} call #{value.get('pos', '?')} in process "
                 f"{self.proc}: its body ({value.get('bytes')} bytes, sha256 "
@@ -308,7 +309,7 @@ class PyTape:
 
     def _req_of(self, entry: dict[str, Any]) -> dict[str, Any]:
         req = entry["request"]
-        body = b"" if _is_lost(req["body"]) else self.resolve(req["body"])
+        body = b"" if is_lost_body(req["body"]) else self.resolve(req["body"])
         return {"method": req["method"], "url": req["url"], "body": body}
 
     def diverge(self, channel: str, pos: int, lines: list[str]) -> None:
@@ -344,10 +345,6 @@ def _fit_scrubbed(entry: dict[str, Any]) -> dict[str, Any]:
 
 class _Refused(Exception):
     """The recorder answered that it could not store an entry (a full disk)."""
-
-
-def _is_lost(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("lost") == "body"
 
 
 def _without_big_bodies(entry: dict[str, Any], limit: int = MAX_MESSAGE) -> bytes:
