@@ -413,3 +413,9 @@ def test_an_exchange_the_store_cannot_take_leaves_the_program_unharmed(
     assert len(lines) == 1 and "Traceback" not in err, err
     assert "the program exited 3" in lines[0], err
     assert "1 exchange(s) could not be recorded" in lines[0], err
+    # what was durable went to the output, which is on a disk with room
+    assert f"the run up to the last durable event is in {tmp_path / 'out.steno'}" in lines[0]
+    cat = subprocess.run([*CLI, "log", "cat", str(tmp_path / "out.steno")], capture_output=True,
+                         text=True, env=_env())
+    assert cat.returncode == 0, cat.stderr
+    assert "RunStarted" in cat.stdout and "TapeChunk" in cat.stdout

@@ -185,7 +185,8 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
         except OSError as exc:
             if exc.errno not in WRITE_ERRNOS:
                 raise
-            _record_failed(exc, store_path, existed, traj, ran.get("result"), ran.get("lost"))
+            _record_failed(exc, store_path, existed, traj, ran.get("result"), ran.get("lost"),
+                           out, keep_store=bool(store_dir))
         if not store_dir:
             shutil.rmtree(store_path, ignore_errors=True)
         click.echo(
@@ -207,8 +208,11 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
 
 
 def _record_failed(exc: OSError, store_path: Path, existed: bool, traj: str,
-                   result: RunResult | None, lost: str | None = None) -> NoReturn:
-    """A write refused mid-record: say what survived and what to do with it."""
+                   result: RunResult | None, lost: str | None = None,
+                   out: Path | None = None, keep_store: bool = True) -> NoReturn:
+    """A write refused mid-record: say what survived and what to do with it. Once the
+    program has run, what was durable is exported to ``out`` if it can be (the output
+    may be on a disk with room); the recorder's own store then goes."""
     what = f"{exc.strerror} ({exc.filename or store_path})" + (f"; {lost}" if lost else "")
     if result is None:
         if not existed:  # nothing the program did is in it: leave no half store
@@ -218,6 +222,19 @@ def _record_failed(exc: OSError, store_path: Path, existed: bool, traj: str,
                           f"log export {store_path} {traj} -o FILE`, or remove it)"
                           if existed or store_path.exists() else
                           f"{what}: nothing was recorded") from None
+    if out is not None:
+        from stenograph.recorder.trajfile import export_trajectory
+
+        try:
+            export_trajectory(store_path, traj, out)
+        except (OSError, StenographError):
+            pass
+        else:
+            if not keep_store:
+                shutil.rmtree(store_path, ignore_errors=True)
+            raise WriteFailed(f"{what}: the program exited {result.status}; the run up to "
+                              f"the last durable event is in {out} (cut short: `stenograph "
+                              "log cat` reads it, a replay needs a complete run)") from None
     raise WriteFailed(f"{what}: the program exited {result.status}; the run up to the last "
                       f"durable event is in {store_path}: `stenograph log export {store_path} "
                       f"{traj} -o FILE` writes it out, or remove it") from None

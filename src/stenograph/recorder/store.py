@@ -380,13 +380,30 @@ class Store:
         The marker's tag depends on where it lands, so it is made once the
         segment is chosen (its size does not depend on the offset).
         """
-        need = nbytes + len(marker(first)) + 2 + TAG_SIZE  # a legacy marker + a bin8 tag
+        overhead = len(marker(first)) + 2 + TAG_SIZE  # a legacy marker + a bin8 tag
+        need = nbytes + overhead
         if self._seg.room() < need:
-            self._rotate(first, need)
+            try:
+                self._rotate(first, need)
+            except OSError:  # no room for a new segment: keep what fits in this one
+                self._write_what_fits(parts, first, overhead)
+                raise
         m = salted_marker(first, self._salt, self._seg.header.number, self._seg.end)
         assert len(m) == need - nbytes
         parts.insert(0, m)
         self._write_raw(parts, nbytes + len(m))
+
+    def _write_what_fits(self, parts: list[bytes], first: int, overhead: int) -> None:
+        """The batch's first frames, as many as the tail segment holds, as a batch of
+        their own (best effort: the failure that follows is what the caller hears)."""
+        room, n, k = self._seg.room() - overhead, 0, 0
+        while k < len(parts) and n + len(parts[k]) <= room:
+            n += len(parts[k])
+            k += 1
+        if k:
+            m = salted_marker(first, self._salt, self._seg.header.number, self._seg.end)
+            with contextlib.suppress(OSError):
+                self._write_raw([m, *parts[:k]], len(m) + n)
 
     def _write_raw(self, parts: list[bytes], nbytes: int) -> None:
         self._seg.write(parts, nbytes)
