@@ -11,8 +11,10 @@ Writing the same bytes twice is free: the name is the hash.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,52 @@ class BlobStore:
         finally:
             os.close(dfd)
         return ref
+
+    def put_file(self, src: str | Path, *, sync: bool = True) -> tuple[BlobRef, bool]:
+        """Store a file's bytes, read in pieces (a big file never sits in memory);
+        return its reference and whether the store did not have it. With ``sync=False``
+        nothing is synced: call ``sync`` before anything names the blob."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".put.{os.getpid()}.{threading.get_ident()}.tmp"
+        h = hashlib.sha256()
+        size = 0
+        try:
+            with open(src, "rb") as f, open(tmp, "wb") as out:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+                if sync:
+                    out.flush()
+                    os.fsync(out.fileno())
+            sha = h.hexdigest()
+            final = self.path_of(sha)
+            if final.exists() and final.stat().st_size == size:
+                tmp.unlink()
+                return BlobRef(sha, size), False
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        if sync:
+            dfd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        return BlobRef(sha, size), True
+
+    def sync(self) -> None:
+        """Everything written to the blob directory durable (one ``syncfs``)."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.syncfs(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), str(self.root))
+        finally:
+            os.close(fd)
 
     def get(self, ref: BlobRef | str) -> bytes:
         """Read a blob back and check it against its hash."""

@@ -1,0 +1,541 @@
+"""Workspace snapshots: what the files were, at the start of a run and at its turns.
+
+The log holds what a program read through the tape; it does not hold the files the
+program's tools read and wrote. A snapshot does: one *manifest* per snapshot lists every
+path under each workspace root with its type, mode, mtime and (files) the sha256 of its
+bytes, which sit in the store's content-addressed blob directory -- so a file that did
+not change between two snapshots, or two runs, is stored once.
+
+A manifest is itself a blob (msgpack), in one of two forms (docs/log-format.md):
+
+* full: ``{"v": 1, "kind": "full", "roots": [...], "trees": {root: [entry...]}}``
+* delta: ``{"v": 1, "kind": "delta", "base": <ref>, "depth": n, "roots": [...],
+  "changed": {root: [entry...]}, "removed": {root: [path...]}}``
+
+with an entry ``[path, kind, mode, mtime_ns, size, file blob ref | link target | nil]``
+(``path`` relative to its root, ``""`` for the root itself; ``kind`` ``"f"``, ``"d"``
+or ``"l"``). A delta names only what changed since its base, so a checkpoint writes about
+what the turn changed; a chain longer than ``MAX_DEPTH`` is cut by writing a full one.
+
+``Snapshotter`` takes snapshots incrementally: a file whose size, mtime and inode are
+what they were at the last snapshot is not read again. Its blobs are written without a
+sync each and made durable together (one ``syncfs``) before the manifest is, so a
+snapshot killed halfway leaves blobs nobody names, never a manifest naming a torn one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+import stat
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from stenograph.recorder.blobs import BlobRef, BlobStore, blob_refs
+from stenograph.recorder.errors import BadInput, CorruptLog
+
+MANIFEST_VERSION = 1
+MAX_DEPTH = 16
+"""Deltas on deltas beyond this many: the next snapshot is written in full."""
+
+DEFAULT_IGNORE = ("__pycache__/", ".venv/", "node_modules/", ".mypy_cache/",
+                  ".pytest_cache/", ".ruff_cache/")
+"""Caches and environments a tool rebuilds or a program only executes from: not the
+workspace's content, and live at replay (they pass through the sealed view)."""
+
+IGNORE_FILE = ".stenoignore"
+
+
+class WorkspaceTooBig(BadInput):
+    """A workspace over the limits: refused before the program starts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    path: str
+    kind: str  # "f" file, "d" directory, "l" symlink
+    mode: int
+    mtime_ns: int
+    size: int = 0
+    sha256: str = ""
+    target: str = ""
+
+    def to_wire(self) -> list[Any]:
+        extra: Any = None
+        if self.kind == "f":
+            extra = BlobRef(self.sha256, self.size).to_body()
+        elif self.kind == "l":
+            extra = self.target
+        return [self.path, self.kind, self.mode, self.mtime_ns, self.size, extra]
+
+    @classmethod
+    def from_wire(cls, w: Any) -> Entry:
+        if not (isinstance(w, list) and len(w) == 6 and isinstance(w[0], str)
+                and w[1] in ("f", "d", "l") and isinstance(w[2], int)
+                and isinstance(w[3], int) and isinstance(w[4], int)):
+            raise CorruptLog(f"bad manifest entry {str(w)[:80]}", "manifest", 0)
+        path, kind, mode, mtime, _size, extra = w
+        _check_rel(path)
+        if kind == "f":
+            ref = BlobRef.from_body(extra) if isinstance(extra, dict) else None
+            if ref is None:
+                raise CorruptLog(f"file entry {path!r} without a blob", "manifest", 0)
+            return cls(path, kind, mode, mtime, ref.size, ref.sha256)
+        if kind == "l":
+            if not isinstance(extra, str):
+                raise CorruptLog(f"link entry {path!r} without a target", "manifest", 0)
+            return cls(path, kind, mode, mtime, 0, "", extra)
+        return cls(path, kind, mode, mtime)
+
+
+def _check_rel(path: str) -> None:
+    if path and (path.startswith("/") or any(p in ("", ".", "..") for p in path.split("/"))):
+        raise CorruptLog(f"manifest path {path!r} leaves its root", "manifest", 0)
+
+
+Tree = dict[str, Entry]
+
+
+@dataclass
+class Manifest:
+    """The whole state a snapshot describes: for each root, its entries by path."""
+
+    roots: list[str]
+    trees: dict[str, Tree]
+
+    def files(self) -> int:
+        return sum(1 for t in self.trees.values() for e in t.values() if e.kind == "f")
+
+    def bytes(self) -> int:
+        return sum(e.size for t in self.trees.values() for e in t.values() if e.kind == "f")
+
+
+# ----------------------------------------------------------------------------- ignore rules
+
+
+@dataclass(frozen=True)
+class IgnoreRules:
+    """gitignore-like globs: a pattern with a ``/`` inside is matched against the path
+    from the root, one without against every name on the way; a trailing ``/`` matches
+    directories only. ``exclude`` are absolute paths never taken (the store, the output)."""
+
+    patterns: tuple[str, ...] = DEFAULT_IGNORE
+    exclude: tuple[str, ...] = ()
+
+    def with_file(self, root: str) -> IgnoreRules:
+        """These rules plus the root's ``.stenoignore`` (blank lines and ``#`` skipped)."""
+        try:
+            text = Path(root, IGNORE_FILE).read_text(errors="replace")
+        except OSError:
+            return self
+        extra = tuple(ln.strip() for ln in text.splitlines()
+                      if ln.strip() and not ln.lstrip().startswith("#"))
+        return IgnoreRules(self.patterns + extra, self.exclude)
+
+    def ignored(self, rel: str, is_dir: bool) -> bool:
+        name = rel.rsplit("/", 1)[-1]
+        for pat in self.patterns:
+            dir_only = pat.endswith("/")
+            p = pat.rstrip("/")
+            if dir_only and not is_dir:
+                continue
+            if "/" in p:
+                if fnmatch.fnmatchcase(rel, p.lstrip("/")):
+                    return True
+            elif fnmatch.fnmatchcase(name, p):
+                return True
+        return False
+
+
+@dataclass(frozen=True)
+class Limits:
+    files: int = 100_000
+    bytes: int = 2 << 30
+
+    @classmethod
+    def parse(cls, text: str) -> Limits:
+        """``FILES``, ``SIZE`` (a number with K, M or G), or ``FILES:SIZE``."""
+        def size(p: str) -> int:
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(p[-1:].upper(), 1)
+            return int(float(p[:-1] if mult > 1 else p) * mult)
+
+        try:
+            if ":" in text:
+                f, b = text.split(":", 1)
+                limits = cls(int(f), size(b))
+            elif text[-1:].upper() in ("K", "M", "G"):
+                limits = cls(cls.files, size(text))
+            else:
+                limits = cls(int(text), cls.bytes)
+        except ValueError:
+            raise BadInput(f"--workspace-max: {text!r} is not FILES, SIZE (e.g. 500M) or "
+                           "FILES:SIZE") from None
+        if limits.files <= 0 or limits.bytes <= 0:
+            raise BadInput(f"--workspace-max: {text!r} must be positive")
+        return limits
+
+
+# ----------------------------------------------------------------------------- scanning
+
+
+@dataclass
+class _Seen:
+    entry: Entry
+    ino: int
+
+
+def scan(root: str, rules: IgnoreRules, limits: Limits
+         ) -> tuple[dict[str, os.stat_result], int]:
+    """Stat every path under ``root`` the rules keep: ``{rel: stat}``, and how many
+    special files (sockets, fifos, devices) were left out. Over ``limits``:
+    ``WorkspaceTooBig``."""
+    out: dict[str, os.stat_result] = {}
+    skipped = 0
+    total = 0
+    excluded = {os.path.realpath(x) for x in rules.exclude}
+    try:
+        out[""] = os.lstat(root)
+    except OSError as exc:
+        raise BadInput(f"workspace: {exc.strerror}", root) from None
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        d = os.path.join(root, rel) if rel else root
+        try:
+            it = list(os.scandir(d))
+        except OSError:
+            continue
+        for de in sorted(it, key=lambda x: x.name):
+            r = f"{rel}/{de.name}" if rel else de.name
+            try:
+                st = de.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if rules.ignored(r, is_dir) or os.path.realpath(de.path) in excluded:
+                continue
+            if not (is_dir or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                skipped += 1
+                continue
+            out[r] = st
+            if is_dir:
+                stack.append(r)
+            elif stat.S_ISREG(st.st_mode):
+                total += st.st_size
+            if len(out) > limits.files or total > limits.bytes:
+                what = (f"more than {limits.files} files" if len(out) > limits.files
+                        else f"more than {limits.bytes >> 20} MiB")
+                raise WorkspaceTooBig(
+                    f"workspace {root} has {what}: raise --workspace-max, leave parts out "
+                    f"with --workspace-ignore GLOB or a {IGNORE_FILE}, name a smaller "
+                    "--workspace DIR, or turn snapshots off with --workspace none")
+    return out, skipped
+
+
+# ----------------------------------------------------------------------------- taking
+
+
+@dataclass
+class Taken:
+    """One snapshot taken: its manifest's reference and what it cost."""
+
+    ref: BlobRef
+    manifest: Manifest
+    full: bool
+    files: int
+    bytes_added: int
+    """Bytes of file content this snapshot stored that no earlier one had."""
+    manifest_bytes: int
+    seconds: float
+    skipped: int = 0
+
+
+@dataclass
+class Snapshotter:
+    """Snapshots of a fixed set of roots, each after the first incremental."""
+
+    blobs: BlobStore
+    roots: list[str]
+    rules: IgnoreRules = field(default_factory=IgnoreRules)
+    limits: Limits = field(default_factory=Limits)
+    _seen: dict[str, dict[str, _Seen]] = field(default_factory=dict)
+    _last: BlobRef | None = None
+    _depth: int = 0
+
+    def take(self) -> Taken:
+        t0 = time.perf_counter()
+        trees: dict[str, Tree] = {}
+        added = 0
+        skipped = 0
+        wrote = False
+        for root in self.roots:
+            rules = self.rules.with_file(root)
+            known = self._seen.get(root, {})
+            stats, sk = scan(root, rules, self.limits)
+            skipped += sk
+            tree: Tree = {}
+            seen: dict[str, _Seen] = {}
+            for rel, st in stats.items():
+                prev = known.get(rel)
+                made = self._entry(root, rel, st, prev)
+                if made is None:
+                    continue
+                entry, new = made
+                if new:
+                    added += entry.size
+                    wrote = True
+                tree[rel] = entry
+                seen[rel] = _Seen(entry, st.st_ino)
+            trees[root] = tree
+            self._seen[root] = seen
+        if wrote:
+            self.blobs.sync()
+        manifest = Manifest(list(self.roots), trees)
+        body, full = self._encode(manifest)
+        ref = self.blobs.put(body)  # synced: a manifest with a name is complete
+        self._prev_manifest = manifest
+        self._last = ref
+        self._depth = 0 if full else self._depth + 1
+        return Taken(ref, manifest, full, manifest.files(), added, len(body),
+                     time.perf_counter() - t0, skipped)
+
+    def __post_init__(self) -> None:
+        self._prev_manifest: Manifest | None = None
+
+    def _entry(self, root: str, rel: str, st: os.stat_result, prev: _Seen | None
+               ) -> tuple[Entry, bool] | None:
+        """The entry for one path, and whether its content was new to the blob store."""
+        path = os.path.join(root, rel) if rel else root
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISDIR(st.st_mode):
+            return Entry(rel, "d", mode, st.st_mtime_ns), False
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                return Entry(rel, "l", mode, st.st_mtime_ns, 0, "", os.readlink(path)), False
+            except OSError:
+                return None
+        if (prev is not None and prev.entry.kind == "f" and prev.ino == st.st_ino
+                and prev.entry.size == st.st_size and prev.entry.mtime_ns == st.st_mtime_ns):
+            return Entry(rel, "f", mode, st.st_mtime_ns, st.st_size, prev.entry.sha256), False
+        try:
+            ref, new = self.blobs.put_file(path, sync=False)
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            return None  # gone (or unreadable) while we looked
+        return Entry(rel, "f", mode, st.st_mtime_ns, ref.size, ref.sha256), new
+
+    def _encode(self, manifest: Manifest) -> tuple[bytes, bool]:
+        prev = self._prev_manifest
+        if prev is None or self._last is None or self._depth + 1 > MAX_DEPTH \
+                or prev.roots != manifest.roots:
+            return pack_full(manifest), True
+        return pack_delta(prev, manifest, self._last, self._depth + 1), False
+
+
+def pack_full(m: Manifest) -> bytes:
+    return msgpack.packb({"v": MANIFEST_VERSION, "kind": "full", "roots": m.roots,
+                          "trees": {r: [e.to_wire() for e in sorted(t.values(),
+                                                                   key=lambda e: e.path)]
+                                    for r, t in m.trees.items()}}, use_bin_type=True)
+
+
+def pack_delta(base: Manifest, m: Manifest, base_ref: BlobRef, depth: int) -> bytes:
+    changed: dict[str, list[Any]] = {}
+    removed: dict[str, list[str]] = {}
+    for r in m.roots:
+        old, new = base.trees.get(r, {}), m.trees.get(r, {})
+        ch = [e.to_wire() for p, e in sorted(new.items()) if old.get(p) != e]
+        rm = sorted(p for p in old if p not in new)
+        if ch:
+            changed[r] = ch
+        if rm:
+            removed[r] = rm
+    return msgpack.packb({"v": MANIFEST_VERSION, "kind": "delta", "base": base_ref.to_body(),
+                          "depth": depth, "roots": m.roots, "changed": changed,
+                          "removed": removed}, use_bin_type=True)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _unpack(data: bytes) -> dict[str, Any]:
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=0)
+    except Exception as exc:
+        raise CorruptLog(f"manifest does not decode: {type(exc).__name__}", "manifest", 0
+                         ) from None
+    if not isinstance(obj, dict) or obj.get("v") != MANIFEST_VERSION \
+            or obj.get("kind") not in ("full", "delta"):
+        raise CorruptLog("not a snapshot manifest", "manifest", 0)
+    roots = obj.get("roots")
+    if not (isinstance(roots, list) and all(isinstance(r, str) and r.startswith("/")
+                                            for r in roots)):
+        raise CorruptLog("manifest without absolute roots", "manifest", 0)
+    return obj
+
+
+def _chain(blobs: BlobStore, ref: BlobRef) -> list[dict[str, Any]]:
+    """The manifests from ``ref`` back to its full base, newest first."""
+    out: list[dict[str, Any]] = []
+    cur: BlobRef | None = ref
+    while cur is not None:
+        if len(out) > 4 * MAX_DEPTH:
+            raise CorruptLog("manifest delta chain too long", "manifest", 0)
+        obj = _unpack(blobs.get(cur))
+        out.append(obj)
+        if obj["kind"] == "full":
+            return out
+        base = obj.get("base")
+        cur = BlobRef.from_body(base) if isinstance(base, dict) else None
+        if cur is None:
+            raise CorruptLog("delta manifest without a base", "manifest", 0)
+    return out
+
+
+def load_manifest(blobs: BlobStore, ref: BlobRef) -> Manifest:
+    """The whole state a manifest (full, or a delta chain) describes."""
+    chain = _chain(blobs, ref)
+    full = chain[-1]
+    trees: dict[str, Tree] = {}
+    for r, entries in (full.get("trees") or {}).items():
+        trees[r] = {e.path: e for e in (Entry.from_wire(w) for w in entries)}
+    for obj in reversed(chain[:-1]):
+        for r, paths in (obj.get("removed") or {}).items():
+            t = trees.setdefault(r, {})
+            for p in paths:
+                t.pop(p, None)
+        for r, entries in (obj.get("changed") or {}).items():
+            t = trees.setdefault(r, {})
+            for e in (Entry.from_wire(w) for w in entries):
+                t[e.path] = e
+    roots = list(chain[0]["roots"])
+    return Manifest(roots, {r: trees.get(r, {}) for r in roots})
+
+
+def closure(blobs: BlobStore, ref: BlobRef) -> list[BlobRef]:
+    """Every blob a snapshot needs: its manifests and the files they name."""
+    out: dict[str, BlobRef] = {}
+    cur: BlobRef | None = ref
+    while cur is not None:
+        out[cur.sha256] = cur
+        obj = _unpack(blobs.get(cur))
+        for r in blob_refs({k: v for k, v in obj.items() if k != "base"}):
+            out.setdefault(r.sha256, r)
+        base = obj.get("base") if obj["kind"] == "delta" else None
+        cur = BlobRef.from_body(base) if isinstance(base, dict) else None
+    return list(out.values())
+
+
+# ----------------------------------------------------------------------------- restoring
+
+
+def restore_tree(blobs: BlobStore, tree: Tree, dest: str | Path) -> None:
+    """Make ``dest`` hold ``tree`` exactly: types, bytes, modes, link targets, mtimes.
+    ``dest`` must not exist or be an empty directory."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    entries = sorted(tree.values(), key=lambda e: (e.path.count("/"), e.path))
+    for e in entries:
+        if not e.path:
+            continue
+        p = dest / e.path
+        if e.kind == "d":
+            p.mkdir(exist_ok=True)
+        elif e.kind == "l":
+            os.symlink(e.target, p)
+        else:
+            with open(p, "wb") as f:
+                f.write(blobs.get(BlobRef(e.sha256, e.size)))
+    for e in sorted(tree.values(), key=lambda e: -e.path.count("/") - (e.path != "")):
+        p = dest / e.path if e.path else dest
+        if e.kind != "l":
+            os.chmod(p, e.mode)
+        os.utime(p, ns=(e.mtime_ns, e.mtime_ns), follow_symlinks=False)
+
+
+def restore(blobs: BlobStore, manifest: Manifest, dests: Mapping[str, str | Path]) -> None:
+    """Each root of ``manifest`` restored at ``dests[root]``."""
+    for root in manifest.roots:
+        restore_tree(blobs, manifest.trees.get(root, {}), dests[root])
+
+
+# ----------------------------------------------------------------------------- cadence
+
+
+def daly_interval(delta: float, mtbf: float) -> float:
+    """Daly's refinement of Young's optimal checkpoint interval ``sqrt(2 * delta * M)``
+    (seconds of work between checkpoints, for a checkpoint costing ``delta`` seconds and
+    a mean time between failures ``M``)."""
+    if delta <= 0:
+        return 0.0
+    if delta >= 2 * mtbf:
+        return mtbf
+    x = delta / (2 * mtbf)
+    return math.sqrt(2 * delta * mtbf) * (1 + math.sqrt(x) / 3 + x / 9) - delta
+
+
+@dataclass
+class Cadence:
+    """When the next turn gets a checkpoint: every ``every`` turns if given, else every
+    T* turns, T* = Daly's interval over the measured cost of a snapshot and the mean
+    duration of a turn so far."""
+
+    mtbf: float = 4 * 3600.0
+    every: int | None = None
+    cost: float = 0.0
+    _since: int = 0
+    _turns: int = 0
+    _t0: float = field(default_factory=time.monotonic)
+
+    def turns_between(self) -> int:
+        if self.every is not None:
+            return self.every
+        if self._turns == 0:
+            return 1 << 30
+        per_turn = max((time.monotonic() - self._t0) / self._turns, 1e-6)
+        return max(1, round(daly_interval(self.cost, self.mtbf) / per_turn))
+
+    def turn(self) -> bool:
+        """A turn ended: is a checkpoint due now?"""
+        self._turns += 1
+        self._since += 1
+        if self._since >= self.turns_between():
+            self._since = 0
+            return True
+        return False
+
+    def took(self, seconds: float) -> None:
+        self.cost = seconds
+
+
+def ensure_roots(roots: Iterable[str]) -> list[str]:
+    """Absolute, real, existing directories, each once, none inside another."""
+    out: list[str] = []
+    for r in roots:
+        real = os.path.realpath(r)
+        if not os.path.isdir(real):
+            raise BadInput("--workspace: not a directory", r)
+        if real == "/":
+            raise BadInput("--workspace: the whole filesystem cannot be a workspace", r)
+        if real not in out:
+            out.append(real)
+    for a in out:
+        for b in out:
+            if a != b and b.startswith(a.rstrip("/") + "/"):
+                raise BadInput(f"--workspace: {b} is inside {a}", b)
+    return out
+
+
+def paths_within(roots: Sequence[str], path: str) -> str | None:
+    """The root ``path`` is in, if any."""
+    real = os.path.realpath(path)
+    for r in roots:
+        if real == r or real.startswith(r.rstrip("/") + "/"):
+            return r
+    return None
+
