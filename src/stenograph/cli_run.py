@@ -44,6 +44,16 @@ from stenograph.interpose.launch import (
 from stenograph.interpose.pyenv import hook_env
 from stenograph.interpose.redact import NAME_PATTERN, RedactionRules
 from stenograph.interpose.shim import PROTOCOL, shim_path, shim_version
+from stenograph.interpose.workspace import (
+    WorkspaceMount,
+    WorkspacePlan,
+    recorded_rules,
+    start_snapshot,
+)
+from stenograph.interpose.workspace import plan as plan_workspace
+from stenograph.interpose.workspace import prepare as prepare_workspace
+from stenograph.recorder.blobs import BlobStore
+from stenograph.recorder.checkpoints import Checkpointer
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import (
     WRITE_ERRNOS,
@@ -54,6 +64,7 @@ from stenograph.recorder.errors import (
     WriteFailed,
 )
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
+from stenograph.recorder.snapshots import Cadence, MapBlobs, Snapshotter, load_manifest
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import (
     RecordSession,
@@ -156,10 +167,31 @@ def _shim_env(env: dict[str, str], mode: str, **extra: str) -> dict[str, str]:
               "the recorded order. --no-asyncio keeps a hooked async call paused across its "
               "awaits instead, exact only for one request at a time per loop. The replay "
               "follows the recording.")
+@click.option("--workspace", "workspaces", multiple=True, metavar="DIR",
+              help="Snapshot DIR before the program starts and at checkpoints; a replay "
+              "then sees DIR as it was (repeatable; default: the working directory; "
+              "`--workspace none`: no snapshots).")
+@click.option("--workspace-ignore", "ws_ignore", multiple=True, metavar="GLOB",
+              help="Leave paths matching GLOB out of the snapshots (repeatable; like a "
+              "line of a .stenoignore). Left-out paths are live at replay.")
+@click.option("--workspace-max", "ws_max", metavar="FILES|SIZE|FILES:SIZE", default=None,
+              help="Refuse to start when a workspace is bigger (default 100000 files, 2G).")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=None, metavar="N",
+              help="A checkpoint every N model turns (default: Daly's optimal interval "
+              "from the measured snapshot cost and --mtbf).")
+@click.option("--mtbf", type=click.FloatRange(min=0.001), default=4.0, show_default=True,
+              metavar="HOURS", help="Mean time between failures the checkpoint cadence "
+              "is chosen for.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_loop: bool,
-           cmd: tuple[str, ...]) -> None:
-    """Run CMD under the tape and record everything it reads from the world."""
+           workspaces: tuple[str, ...], ws_ignore: tuple[str, ...], ws_max: str | None,
+           checkpoint_every: int | None, mtbf: float, cmd: tuple[str, ...]) -> None:
+    """Run CMD under the tape and record everything it reads from the world.
+
+    The workspace (the working directory unless --workspace says otherwise) is
+    snapshotted first, and again at checkpoints between model turns: a replay runs
+    against the recorded files in a private mount namespace, and `stenograph checkpoint
+    restore` gives the files at any turn."""
     argv = list(cmd)
     traj = traj_id(traj) if traj is not None else (
         f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
@@ -167,18 +199,21 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
     if store_dir and Path(store_dir).resolve() in (out.resolve(), *out.resolve().parents):
         raise BadInput("output is inside the store", str(out))
     check_dynamic(resolve_program(argv, _base_env()))  # refuse before creating anything
-    tmp = tempfile.mkdtemp(prefix="steno-rec-")
     store_path = Path(store_dir) if store_dir else out.parent / f".{out.name}.rec"
     if not store_dir and store_path.exists():
         raise BadInput("an interrupted recording is in the way; export it with "
                        "`stenograph log export` or remove it", str(store_path))
+    ws = plan_workspace(workspaces, ws_ignore, ws_max, os.getcwd(),
+                        exclude=[str(store_path), str(out)])
+    cadence = Cadence(mtbf=mtbf * 3600, every=checkpoint_every)
+    tmp = tempfile.mkdtemp(prefix="steno-rec-")
     existed = store_path.exists()
     ran: dict[str, Any] = {}
     try:
         env = _base_env()
         try:
             stats, exchanges, stalls, result = _record_into(
-                store_path, traj, argv, env, tmp, asyncio_loop, ran)
+                store_path, traj, argv, env, tmp, asyncio_loop, ran, ws, cadence)
             from stenograph.recorder.trajfile import export_trajectory
 
             export_trajectory(store_path, traj, out)
@@ -195,6 +230,12 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
             err=True)
         if ran.get("lost"):
             click.echo(f"stenograph: warning: {ran['lost']}", err=True)
+        if ran.get("checkpoints"):
+            cp = ran["checkpoints"]
+            click.echo(f"stenograph: workspace: {cp.taken[0].files} files in "
+                       f"{len(cp.snap.roots)} root(s), {len(cp.taken)} checkpoint(s)", err=True)
+            for e in cp.errors:
+                click.echo(f"stenograph: warning: {e}", err=True)
         for s in stalls:
             click.echo(
                 f"stenograph: warning: process {s.get('proc')} thread {s.get('thread')} waited "
@@ -241,13 +282,14 @@ def _record_failed(exc: OSError, store_path: Path, existed: bool, traj: str,
 
 
 def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, str],
-                 tmp: str, asyncio_loop: bool, ran: dict[str, Any]
+                 tmp: str, asyncio_loop: bool, ran: dict[str, Any],
+                 ws: WorkspacePlan | None = None, cadence: Cadence | None = None,
                  ) -> tuple[Any, Any, list[dict[str, str]], RunResult]:
-    """Run ARGV under the tape into STORE_PATH: RunStarted, the run, RunEnded. The
-    program's result goes into ``ran`` as soon as it has one (a failure after it must
-    still report the program's exit status)."""
+    """Run ARGV under the tape into STORE_PATH: RunStarted, the start checkpoint, the
+    run, the end checkpoint, RunEnded. The program's result goes into ``ran`` as soon as
+    it has one (a failure after it must still report the program's exit status)."""
     with Store(store_path) as store:
-        store.append(traj, "RunStarted", {
+        first = store.append(traj, "RunStarted", {
             "argv": recorded_argv(argv, dict(os.environ)),
             "cwd": os.getcwd(),
             "env": recorded_env(dict(os.environ)),
@@ -257,9 +299,18 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             "redaction": RedactionRules.from_env().to_body(),
             "sealed_state": snapshot_state(),  # what replay puts back (launch.Seal)
             "asyncio": asyncio_loop,
+            "workspace": ws.to_body() if ws else None,
         })
+        checkpoints = None
+        if ws is not None:
+            checkpoints = Checkpointer(
+                store, traj, Snapshotter(BlobStore(store_path / "blobs"), ws.roots, ws.rules,
+                                         ws.limits), cadence or Cadence())
+            checkpoints.start(first)
+            ran["checkpoints"] = checkpoints
         session = RecordSession(store, traj, Path(tmp) / "tape.sock")
-        exchanges = ExchangeServer(store, traj, Path(tmp) / "py.sock")
+        exchanges = ExchangeServer(store, traj, Path(tmp) / "py.sock",
+                                   after_model=checkpoints.model_turn if checkpoints else None)
         flusher = _Flusher(store)
         tmp_before = listing(seal_roots(env))
         try:
@@ -275,6 +326,9 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             ran["lost"] = exchanges.loss_note()
             stats = session.close()
         stalls = _stalls(Path(session.sock_path).parent / "stalls")
+        if checkpoints is not None:
+            store.flush()
+            checkpoints.end(store.synced_lsn)
         store.append(traj, "RunEnded", {
             "status": result.status,
             "stdout_sha256": result.stdout_sha256,
@@ -290,6 +344,8 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             # names the run created in /tmp, /var/tmp, $TMPDIR: hidden at replay
             "tmp_created": created_names(tmp_before, listing(list(tmp_before))),
             "stalls": stalls,
+            "checkpoints": len(checkpoints.taken) if checkpoints else 0,
+            "checkpoint_errors": checkpoints.errors[:20] if checkpoints else [],
         })
     return stats, exchanges, stalls, result
 
@@ -325,16 +381,30 @@ def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (program output "
               "is not passed through).")
 @click.option("--allow-network", is_flag=True, help="Let the replay open AF_INET sockets.")
-@click.option("--unsealed", is_flag=True, help="Replay against the live /tmp, /var/tmp and "
-              "$TMPDIR (no private mount namespace): names the recording created there "
-              "are taken.")
+@click.option("--unsealed", is_flag=True, help="Replay against the live /tmp, /var/tmp, "
+              "$TMPDIR and workspace (no private mount namespace): names the recording "
+              "created there are taken, and the program reads and writes today's files.")
 @click.option("--keep-tape", type=click.Path(file_okay=False), default=None,
               help="Prepare the tape in this directory and keep it.")
+@click.option("--keep-writes", type=click.Path(file_okay=False), default=None,
+              help="Keep what the program wrote to its workspace here (an overlay's upper "
+              "layer per workspace root; deleted files are overlayfs whiteouts). The real "
+              "workspace is never written.")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unsealed: bool,
-           keep_tape: str | None, cmd: tuple[str, ...]) -> None:
-    """Re-run a recorded command, serving every recorded clock, byte and listing."""
+           keep_tape: str | None, keep_writes: str | None, cmd: tuple[str, ...]) -> None:
+    """Re-run a recorded command, serving every recorded clock, byte and listing.
+
+    Sealed (the default): the program runs in a private mount namespace where /tmp is
+    fresh and each recorded workspace directory holds the files it held when the
+    recording started, whatever it holds now; nothing it writes reaches the real files."""
     input_file(file)
+    if keep_writes is not None:
+        if unsealed:
+            raise BadInput("--keep-writes needs a sealed replay (drop --unsealed)")
+        kw = Path(keep_writes)
+        if kw.exists() and (not kw.is_dir() or any(kw.iterdir())):
+            raise BadInput("--keep-writes: not an empty directory", keep_writes)
     started, ended, events, blobs = _load(file)
     recorded = str(started.get("shim") or "?").partition("/")[0]
     if recorded != str(PROTOCOL):
@@ -363,18 +433,31 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         if not allow_network:
             extra["STENO_NONET"] = "1"
         cwd = started.get("cwd")
+        mounts = []
+        snap = start_snapshot(events)
+        if snap is not None and not unsealed:
+            blob_map = MapBlobs(blobs)
+            mounts = prepare_workspace(load_manifest(blob_map, snap), blob_map,
+                                       recorded_rules(started), tape / "ws")
+        sealed_cwd = cwd if isinstance(cwd, str) and mounts else None
         if not isinstance(cwd, str) or not os.path.isdir(cwd):
             cwd = None
+        if keep_writes is not None:
+            Path(keep_writes).mkdir(parents=True, exist_ok=True)
         cut = (ended.get("stdout_bytes"), ended.get("stderr_bytes"))
         result = run_under_shim(argv, _shim_env(env, "replay", **extra),
                                 cwd=cwd, passthrough=not as_json,
-                                seal=None if unsealed else _seal(started, ended, tape),
+                                seal=None if unsealed else _seal(
+                                    started, ended, tape, mounts, keep_writes, sealed_cwd),
                                 cut=cut if killed and all(isinstance(n, int) for n in cut)
                                 else None)
         report = _report(file, tape, started, ended, result, argv)
     finally:
         if not keep_tape:
             shutil.rmtree(tape, ignore_errors=True)
+        if keep_writes is not None:  # overlayfs's work directories: nothing to keep
+            for w in Path(keep_writes).glob(".work-*"):
+                shutil.rmtree(w, ignore_errors=True)
     _print_report(report, as_json)
     if report["divergences"]:
         if not as_json:
@@ -394,8 +477,10 @@ def _killed_by(ended: dict[str, Any]) -> int | None:
     return -status if isinstance(status, int) and status < 0 else None
 
 
-def _seal(started: dict[str, Any], ended: dict[str, Any], tape: Path) -> Seal:
-    """The replay's private view of /tmp and host state (``launch.Seal``)."""
+def _seal(started: dict[str, Any], ended: dict[str, Any], tape: Path,
+          workspaces: list[WorkspaceMount] | None = None, keep_writes: str | None = None,
+          cwd: str | None = None) -> Seal:
+    """The replay's private view of /tmp, host state and the workspace (``launch.Seal``)."""
     hide = ended.get("tmp_created") or {}
     state = started.get("sealed_state") or {}
     stage = tape / ".seal"
@@ -403,7 +488,9 @@ def _seal(started: dict[str, Any], ended: dict[str, Any], tape: Path) -> Seal:
     return Seal(
         hide={str(k): [str(n) for n in v] for k, v in hide.items() if isinstance(v, list)},
         state={str(k): v for k, v in state.items() if v is None or isinstance(v, dict)},
-        keep=[str(tape.resolve())], stage=str(stage.resolve()))
+        keep=[str(tape.resolve())], stage=str(stage.resolve()),
+        workspaces=workspaces or [], cwd=cwd,
+        keep_writes=str(Path(keep_writes).resolve()) if keep_writes else None)
 
 
 def _report(file: str, tape: Path, started: dict[str, Any], ended: dict[str, Any],

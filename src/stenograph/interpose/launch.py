@@ -261,6 +261,12 @@ class Seal:
     state: Mapping[str, Mapping[str, str] | None]
     keep: Sequence[str]
     stage: str  # an empty directory of ours: the overlays' upper layers are mounted here
+    workspaces: Sequence[Any] = ()
+    """``interpose.workspace.WorkspaceMount``s: the recorded workspace, overlaid."""
+    keep_writes: str | None = None
+    """Where the workspace overlays' upper layers go instead of scratch (kept)."""
+    cwd: str | None = None
+    """The directory the program starts in, entered once the mounts are made."""
 
 
 class SealUnavailable(BadInput):
@@ -289,6 +295,12 @@ def _seal_preexec(seal: Seal, roots: Sequence[str]) -> Any:
         check(unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         check(mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         keep_fds = [os.open(k, os.O_PATH | os.O_DIRECTORY) for k in seal.keep]
+        # a workspace layer in /tmp must be the real one: seen through /tmp's overlay,
+        # its whiteouts would be files
+        ws_fds = [[os.open(low, os.O_PATH | os.O_DIRECTORY) for low in m.lowers]
+                  for m in seal.workspaces]
+        kfd = (os.open(seal.keep_writes, os.O_PATH | os.O_DIRECTORY)
+               if seal.keep_writes else None)
         stage = seal.stage.encode()
         check(mount(b"steno-seal", stage, b"tmpfs", 0, b"mode=0700"), "mount tmpfs")
         # every layer is made before any overlay hides the stage's path: once /tmp is an
@@ -308,6 +320,25 @@ def _seal_preexec(seal: Seal, roots: Sequence[str]) -> Any:
             layers = f"/proc/self/fd/{sfd}"
             opts = (f"lowerdir={root},upperdir={layers}/u{i},workdir={layers}/w{i}").encode()
             check(mount(b"overlay", root.encode(), b"overlay", 0, opts), f"overlay on {root}")
+        # the workspace overlays: after the temporary roots' (a workspace may be inside
+        # one), their layers reached through fds opened before those
+        for i, m in enumerate(seal.workspaces):
+            base = f"/proc/self/fd/{kfd}" if kfd is not None else f"/proc/self/fd/{sfd}"
+            upper = f"{base}/{m.name}" if kfd is not None else f"{base}/wsu{i}"
+            work = f"{base}/.work-{m.name}" if kfd is not None else f"{base}/wsw{i}"
+            os.mkdir(upper)
+            os.mkdir(work)
+            st = os.stat(f"/proc/self/fd/{ws_fds[i][0]}")
+            os.chmod(upper, st.st_mode & 0o7777)
+            lowers = ":".join(f"/proc/self/fd/{fd}" for fd in ws_fds[i])
+            opts = f"lowerdir={lowers},upperdir={upper},workdir={work}".encode()
+            check(mount(b"overlay", m.target.encode(), b"overlay", 0, opts),
+                  f"overlay on {m.target}")
+        for fds in ws_fds:
+            for fd in fds:
+                os.close(fd)
+        if kfd is not None:
+            os.close(kfd)
         os.close(sfd)
         for d, files in seal.state.items():
             if not os.path.isdir(d):
@@ -322,7 +353,7 @@ def _seal_preexec(seal: Seal, roots: Sequence[str]) -> Any:
             check(mount(f"/proc/self/fd/{fd}".encode(), k.encode(), None, MS_BIND, None),
                   f"bind {k}")
             os.close(fd)
-        os.chdir(os.getcwd())  # through the new mounts
+        os.chdir(seal.cwd or os.getcwd())  # through the new mounts
 
     return run
 
@@ -376,7 +407,8 @@ def run_under_shim(
     try:
         with _aslr_off_for_children() if aslr_off else contextlib.nullcontext():
             proc = subprocess.Popen(
-                [prog, *argv[1:]], executable=prog, env=pad_steno_env(env), cwd=cwd,
+                [prog, *argv[1:]], executable=prog, env=pad_steno_env(env),
+                cwd=None if seal is not None and seal.cwd else cwd,
                 stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
                 preexec_fn=preexec,
             )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +57,12 @@ def _lost_bodies(entry: dict[str, Any]) -> int:
 class ExchangeServer:
     """Accepts exchange messages from every process of a recorded tree."""
 
-    def __init__(self, store: Any, traj: str, sock_path: str | Path) -> None:
+    def __init__(self, store: Any, traj: str, sock_path: str | Path, *,
+                 after_model: Callable[[str, int, int], None] | None = None) -> None:
         self.store = store
+        self._after_model = after_model
+        """Called with (proc, pos, lsn) once a model exchange is durable, before the
+        program is answered: the turn boundary checkpoints are taken at."""
         self.traj = traj
         self.count = 0
         self.lost = 0
@@ -76,7 +80,7 @@ class ExchangeServer:
             body = msgpack.unpackb(msg, raw=False, strict_map_key=False)
             if not isinstance(body, dict):
                 raise ValueError("exchange message is not a map")
-            self.store.append(self.traj, "Exchange", body, durable=True)
+            lsn = self.store.append(self.traj, "Exchange", body, durable=True)
         except Exception as exc:  # the store refused it (a full disk): say so, go on
             with self._lock:
                 self.lost += 1
@@ -87,6 +91,9 @@ class ExchangeServer:
         with self._lock:  # one thread per connected process
             self.count += 1
             self.bodies_lost += _lost_bodies(body) > 0
+        if self._after_model is not None and body.get("channel") == "model":
+            pos = body.get("pos")
+            self._after_model(str(body.get("proc")), pos if isinstance(pos, int) else -1, lsn)
         conn.sendall(ACK)
 
     def loss_note(self) -> str | None:

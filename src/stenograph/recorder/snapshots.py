@@ -262,7 +262,8 @@ class Snapshotter:
 
     blobs: BlobStore
     roots: list[str]
-    rules: IgnoreRules = field(default_factory=IgnoreRules)
+    rules: IgnoreRules | Mapping[str, IgnoreRules] = field(default_factory=IgnoreRules)
+    """One set for every root (each root's ``.stenoignore`` added), or one per root."""
     limits: Limits = field(default_factory=Limits)
     _seen: dict[str, dict[str, _Seen]] = field(default_factory=dict)
     _last: BlobRef | None = None
@@ -275,7 +276,8 @@ class Snapshotter:
         skipped = 0
         wrote = False
         for root in self.roots:
-            rules = self.rules.with_file(root)
+            rules = (self.rules.with_file(root) if isinstance(self.rules, IgnoreRules)
+                     else self.rules.get(root, IgnoreRules()))
             known = self._seen.get(root, {})
             stats, sk = scan(root, rules, self.limits)
             skipped += sk
@@ -379,7 +381,7 @@ def _unpack(data: bytes) -> dict[str, Any]:
     return obj
 
 
-def _chain(blobs: BlobStore, ref: BlobRef) -> list[dict[str, Any]]:
+def _chain(blobs: BlobStore | MapBlobs, ref: BlobRef) -> list[dict[str, Any]]:
     """The manifests from ``ref`` back to its full base, newest first."""
     out: list[dict[str, Any]] = []
     cur: BlobRef | None = ref
@@ -397,7 +399,7 @@ def _chain(blobs: BlobStore, ref: BlobRef) -> list[dict[str, Any]]:
     return out
 
 
-def load_manifest(blobs: BlobStore, ref: BlobRef) -> Manifest:
+def load_manifest(blobs: BlobStore | MapBlobs, ref: BlobRef) -> Manifest:
     """The whole state a manifest (full, or a delta chain) describes."""
     chain = _chain(blobs, ref)
     full = chain[-1]
@@ -417,7 +419,7 @@ def load_manifest(blobs: BlobStore, ref: BlobRef) -> Manifest:
     return Manifest(roots, {r: trees.get(r, {}) for r in roots})
 
 
-def closure(blobs: BlobStore, ref: BlobRef) -> list[BlobRef]:
+def closure(blobs: BlobStore | MapBlobs, ref: BlobRef) -> list[BlobRef]:
     """Every blob a snapshot needs: its manifests and the files they name."""
     out: dict[str, BlobRef] = {}
     cur: BlobRef | None = ref
@@ -431,10 +433,28 @@ def closure(blobs: BlobStore, ref: BlobRef) -> list[BlobRef]:
     return list(out.values())
 
 
+class MapBlobs:
+    """Blobs held in memory (a ``.steno`` file's), read like a ``BlobStore``."""
+
+    def __init__(self, blobs: Mapping[str, bytes]) -> None:
+        self._m = blobs
+
+    def get(self, ref: BlobRef | str) -> bytes:
+        sha = ref.sha256 if isinstance(ref, BlobRef) else ref
+        try:
+            return self._m[sha]
+        except KeyError:
+            raise CorruptLog(f"snapshot blob {sha[:16]}... is missing", "snapshot",
+                             0) from None
+
+    def has(self, sha: str) -> bool:
+        return sha in self._m
+
+
 # ----------------------------------------------------------------------------- restoring
 
 
-def restore_tree(blobs: BlobStore, tree: Tree, dest: str | Path) -> None:
+def restore_tree(blobs: BlobStore | MapBlobs, tree: Tree, dest: str | Path) -> None:
     """Make ``dest`` hold ``tree`` exactly: types, bytes, modes, link targets, mtimes.
     ``dest`` must not exist or be an empty directory."""
     dest = Path(dest)
@@ -451,6 +471,13 @@ def restore_tree(blobs: BlobStore, tree: Tree, dest: str | Path) -> None:
         else:
             with open(p, "wb") as f:
                 f.write(blobs.get(BlobRef(e.sha256, e.size)))
+    apply_meta(tree, dest)
+
+
+def apply_meta(tree: Tree, dest: str | Path) -> None:
+    """Modes and mtimes of a restored ``tree`` (deepest first: making an entry changes
+    its directory's mtime)."""
+    dest = Path(dest)
     for e in sorted(tree.values(), key=lambda e: -e.path.count("/") - (e.path != "")):
         p = dest / e.path if e.path else dest
         if e.kind != "l":
@@ -458,7 +485,8 @@ def restore_tree(blobs: BlobStore, tree: Tree, dest: str | Path) -> None:
         os.utime(p, ns=(e.mtime_ns, e.mtime_ns), follow_symlinks=False)
 
 
-def restore(blobs: BlobStore, manifest: Manifest, dests: Mapping[str, str | Path]) -> None:
+def restore(blobs: BlobStore | MapBlobs, manifest: Manifest,
+            dests: Mapping[str, str | Path]) -> None:
     """Each root of ``manifest`` restored at ``dests[root]``."""
     for root in manifest.roots:
         restore_tree(blobs, manifest.trees.get(root, {}), dests[root])

@@ -50,6 +50,7 @@ from stenograph.recorder.segment import (
     map_file,
     read_header,
 )
+from stenograph.recorder.snapshots import MapBlobs, closure
 
 SUFFIX = ".steno"
 
@@ -98,7 +99,10 @@ def write_trajectory(
     embedded: dict[str, bytes] = BlobMap()
     external: set[str] = set()
     for ev in evs:
-        for ref in blob_refs(ev.body):
+        refs = blob_refs(ev.body)
+        if ev.kind == "Checkpoint" and blobs is not None and refs:
+            refs = closure(blobs, refs[0])  # the snapshot's manifests and files
+        for ref in refs:
             if blobs is None:
                 external.add(ref.sha256)
             elif ref.sha256 not in embedded:
@@ -214,7 +218,30 @@ def read_trajectory(path: str | Path) -> TrajectoryFile:
             name, scanner.tail.end if scanner.tail else 0,
         )
     _check_blobs(header, blobs, first_use, name, scanner.tail.end if scanner.tail else 0)
+    _check_snapshots(events, blobs, header, name)
     return TrajectoryFile(header, events, blobs)
+
+
+def _check_snapshots(events: list[Event], blobs: dict[str, bytes], header: dict[str, Any],
+                     name: str) -> None:
+    """Refuse a file holding a checkpoint whose snapshot it does not wholly hold."""
+    if header.get("external_blobs"):
+        return  # exported without blobs (--no-blobs): the store has them
+    for ev in events:
+        if ev.kind != "Checkpoint":
+            continue
+        refs = blob_refs(ev.body)
+        try:
+            if refs:
+                for ref in closure(MapBlobs(blobs), refs[0]):
+                    if ref.sha256 not in blobs:
+                        raise CorruptLog(f"snapshot blob {ref.sha256[:16]}... is missing",
+                                         name, 0)
+        except CorruptLog as exc:
+            raise CorruptLog(f"checkpoint (event seq {ev.seq}): {exc.args[0]}", name,
+                             0) from None
+        except BadInput as exc:
+            raise CorruptLog(f"checkpoint (event seq {ev.seq}): {exc}", name, 0) from None
 
 
 def _check_blobs(header: dict[str, Any], blobs: dict[str, bytes],

@@ -1,0 +1,111 @@
+"""Checkpoints: workspace snapshots at the moments a recording may need to resume from.
+
+A ``Checkpoint`` event names a snapshot (``recorder/snapshots.py``) and the point of the
+run it belongs to: ``at`` = ``start`` (before the program ran), ``turn`` (the program
+sent its ``turn``-th model request -- taken while the recorder holds the reply back, so
+nothing the program does next is in it) or ``end`` (the tree exited). It is appended,
+durable, only after the snapshot's blobs and manifest are: a checkpoint the log names
+is always whole, and one killed halfway leaves only unnamed blobs (``stenograph gc``).
+
+Which turns get one: every ``Cadence`` interval (Daly's optimum over the measured cost
+of an incremental snapshot and the mean turn, for ``--mtbf``), or every
+``--checkpoint-every`` turns. A turn without one is still reachable: a replay stopped
+at that model request sees the files as they were (``checkpoint restore --at N``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from stenograph.recorder.blobs import BlobRef
+from stenograph.recorder.snapshots import Cadence, Snapshotter, Taken
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A ``Checkpoint`` event's body, as read back."""
+
+    index: int
+    at: str
+    turn: int
+    lsn: int
+    covers_lsn: int
+    snapshot: BlobRef
+    files: int
+    bytes_added: int
+    proc: str | None = None
+    pos: int | None = None
+
+    @classmethod
+    def from_event(cls, index: int, lsn: int, body: dict[str, Any]) -> CheckpointInfo:
+        return cls(index, str(body.get("at", "?")), int(body.get("turn", 0)), lsn,
+                   int(body.get("covers_lsn", lsn)), BlobRef.from_body(body["snapshot"]),
+                   int(body.get("files", 0)), int(body.get("bytes_added", 0)),
+                   body.get("proc"), body.get("pos"))
+
+
+class Checkpointer:
+    """Takes the run's snapshots and appends their ``Checkpoint`` events."""
+
+    def __init__(self, store: Any, traj: str, snapshotter: Snapshotter,
+                 cadence: Cadence) -> None:
+        self.store = store
+        self.traj = traj
+        self.snap = snapshotter
+        self.cadence = cadence
+        self.turns = 0
+        self.taken: list[Taken] = []
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+
+    def _take(self, at: str, covers_lsn: int, proc: str | None = None,
+              pos: int | None = None) -> Taken:
+        t = self.snap.take()
+        self.store.append(self.traj, "Checkpoint", {
+            "at": at, "turn": self.turns, "covers_lsn": covers_lsn,
+            "snapshot": t.ref.to_body(), "proc": proc, "pos": pos, "files": t.files,
+            "bytes_added": t.bytes_added, "full": t.full, "seconds": round(t.seconds, 6),
+        }, durable=True)
+        self.taken.append(t)
+        return t
+
+    def start(self, covers_lsn: int) -> Taken:
+        """Before the program starts (errors reach the caller: the run must not begin)."""
+        with self._lock:
+            t = self._take("start", covers_lsn)
+            self.cadence.took(t.seconds)
+            return t
+
+    def model_turn(self, proc: str, pos: int, lsn: int) -> None:
+        """A model exchange is durable and its reply not yet handed over: a turn ended."""
+        with self._lock:
+            self.turns += 1
+            if not self.cadence.turn():
+                return
+            try:
+                t = self._take("turn", lsn, proc, pos)
+            except Exception as exc:  # the run goes on without this checkpoint
+                self.errors.append(f"checkpoint at turn {self.turns}: "
+                                   f"{type(exc).__name__}: {exc}")
+                return
+            if not t.full:
+                self.cadence.took(t.seconds)
+
+    def end(self, covers_lsn: int) -> None:
+        """The program's tree exited."""
+        with self._lock:
+            try:
+                self._take("end", covers_lsn)
+            except Exception as exc:
+                self.errors.append(f"checkpoint at the end: {type(exc).__name__}: {exc}")
+
+
+def checkpoints_of(events: Any) -> list[CheckpointInfo]:
+    """The ``Checkpoint`` events of a trajectory, in order."""
+    out: list[CheckpointInfo] = []
+    for ev in events:
+        if ev.kind == "Checkpoint" and isinstance(ev.body, dict) and "snapshot" in ev.body:
+            out.append(CheckpointInfo.from_event(len(out), ev.lsn, ev.body))
+    return out
