@@ -357,6 +357,61 @@ def log_scan(path: Path, secrets_: tuple[str, ...]) -> None:
     click.echo(f"not found: {len(needles)} encodings of {len(secrets_)} secret(s)")
 
 
+@main.command("gc")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Count what would be removed; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def gc_cmd(store: Path, dry_run: bool, as_json: bool) -> None:
+    """Remove the blobs of STORE that no event needs, and stale temporary files.
+
+    A blob is kept if a durable event references it, directly or through a
+    Checkpoint's workspace snapshot (its manifest, the delta manifests back to its
+    full base, and every file they name). Temporary files in blobs/ (.*.tmp) older
+    than an hour are removed too; nothing else is touched.
+
+    \b
+    Refused (exit 2) while a writer holds the store: gc never runs beside a live
+    recording, and holds the store's lock itself until it is done. A log it cannot
+    read, or a snapshot manifest that is missing or damaged, stops it before it
+    removes anything (exit 3). A torn tail is not an error: the events before it
+    are what is kept. Delta chains need no compaction: they are cut at write time
+    (a full manifest after 16 deltas).
+    """
+    from stenograph.recorder.gc import collect
+
+    r = collect(store, dry_run=dry_run)
+    if as_json:
+        click.echo(json.dumps(r.to_json()))
+        return
+
+    def size(n: int) -> str:
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if n < 1024 or unit == "GiB":
+                return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+            n /= 1024  # type: ignore[assignment]
+        return ""  # unreachable
+
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb} {r.removed} unreferenced blob{'s' * (r.removed != 1)} "
+               f"({size(r.removed_bytes)}) and {r.temp_removed} stale temporary "
+               f"file{'s' * (r.temp_removed != 1)} ({size(r.temp_removed_bytes)}); kept "
+               f"{r.kept} blob{'s' * (r.kept != 1)} ({size(r.kept_bytes)}) that {r.events} "
+               f"events and {r.snapshots} snapshots reference")
+    notes = []
+    if r.temp_kept:
+        notes.append(f"{r.temp_kept} temporary files less than an hour old were left")
+    if r.other_files:
+        notes.append(f"{r.other_files} files in blobs/ that are not blobs were left alone")
+    if r.missing:
+        notes.append(f"{r.missing} blobs that events reference are not in the store")
+    if r.torn_tail is not None:
+        t = r.torn_tail
+        notes.append(f"torn tail in {t.segment} at {t.offset} ({t.dropped} bytes, {t.reason}): "
+                     "the events before it were read; the next writer cuts it")
+    for n in notes:
+        _err_console().print(f"note: {n}")
+
+
 def _register_optional() -> None:
     """Commands that live in their own modules (record/replay)."""
     try:
