@@ -3,7 +3,7 @@
 Every failure the user can cause prints one line,
 ``stenograph: error: <what> (<where>)``, and exits with its documented code:
 0 ok, 1 replay diverged, 2 usage or unreadable input, 3 corrupt log,
-4 an in-doubt action needs a person.
+4 an in-doubt action needs a person, 5 a write the disk refused (full, read-only).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main() -> None:
     a trajectory file (.steno) is one trajectory exported from a store.
     \b
     Exit codes: 0 ok, 1 replay diverged, 2 usage or unreadable input,
-    3 corrupt log, 4 an in-doubt action needs a person.
+    3 corrupt log, 4 an in-doubt action needs a person, 5 a write the disk refused.
     """
 
 
@@ -420,6 +420,9 @@ def _register_optional() -> None:
         return
     main.add_command(record)
     main.add_command(replay)
+    from stenograph.cli_checkpoint import checkpoint
+
+    main.add_command(checkpoint)
 
 
 _register_optional()

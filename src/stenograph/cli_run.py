@@ -390,9 +390,13 @@ def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[
               help="Keep what the program wrote to its workspace here (an overlay's upper "
               "layer per workspace root; deleted files are overlayfs whiteouts). The real "
               "workspace is never written.")
+@click.option("--stop-at", hidden=True, default=None, metavar="PROC:POS",
+              help="Snapshot the workspace at this model request into KEEP_TAPE/stop and "
+              "end there (`stenograph checkpoint restore`).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unsealed: bool,
-           keep_tape: str | None, keep_writes: str | None, cmd: tuple[str, ...]) -> None:
+           keep_tape: str | None, keep_writes: str | None, stop_at: str | None,
+           cmd: tuple[str, ...]) -> None:
     """Re-run a recorded command, serving every recorded clock, byte and listing.
 
     Sealed (the default): the program runs in a private mount namespace where /tmp is
@@ -430,6 +434,10 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
             extra["STENO_EDITED"] = "1"  # another command: its own paths are not divergences
         if lenient:
             extra["STENO_LENIENT"] = "1"
+        if stop_at:
+            (tape / "stop").mkdir(exist_ok=True)
+            (tape / "stop" / "spec.json").write_text(json.dumps(started.get("workspace")))
+            extra["STENO_STOP_AT"] = stop_at
         if not allow_network:
             extra["STENO_NONET"] = "1"
         cwd = started.get("cwd")

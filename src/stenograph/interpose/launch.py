@@ -330,6 +330,9 @@ def _seal_preexec(seal: Seal, roots: Sequence[str]) -> Any:
             os.mkdir(work)
             st = os.stat(f"/proc/self/fd/{ws_fds[i][0]}")
             os.chmod(upper, st.st_mode & 0o7777)
+            os.chown(upper, st.st_uid, st.st_gid)
+            # the root of an overlay is its upper directory: give it the recorded times
+            os.utime(upper, ns=(st.st_atime_ns, st.st_mtime_ns))
             lowers = ":".join(f"/proc/self/fd/{fd}" for fd in ws_fds[i])
             opts = f"lowerdir={lowers},upperdir={upper},workdir={work}".encode()
             check(mount(b"overlay", m.target.encode(), b"overlay", 0, opts),

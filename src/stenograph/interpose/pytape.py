@@ -48,7 +48,7 @@ from typing import Any, NoReturn
 
 import msgpack
 
-from stenograph.interpose import gcpoints
+from stenograph.interpose import gcpoints, stoppoint
 from stenograph.interpose.fingerprint import distance, request_diff
 from stenograph.interpose.redact import RedactionRules
 from stenograph.recorder.blobs import BlobRef, BlobStore
@@ -146,6 +146,7 @@ class PyTape:
         self.lenient = lenient
         self.rules = RedactionRules.from_env()
         self.shim = _ShimControl()
+        self._stop_at = stoppoint.parse(getenv("STENO_STOP_AT")) if mode == "replay" else None
         self.shim.track = mode == "record"
         self._lock = threading.Lock()
         self._next: dict[str, int] = {}
@@ -276,6 +277,8 @@ class PyTape:
 
     def take(self, channel: str, pos: int, request: dict[str, Any], fp: str) -> dict[str, Any]:
         """The recorded entry that answers ``request`` (or a divergence)."""
+        if channel == "model" and self._stop_at == (self.proc, pos) and self._tape_dir:
+            stoppoint.stop_here(str(self._tape_dir), self.shim)
         stream = self._load().get(channel, [])
         with self._lock:
             used = self._used.setdefault(channel, set())

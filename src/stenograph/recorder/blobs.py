@@ -88,6 +88,12 @@ class BlobStore:
         return its reference and whether the store did not have it. With ``sync=False``
         nothing is synced: call ``sync`` before anything names the blob."""
         self.root.mkdir(parents=True, exist_ok=True)
+        with open(src, "rb") as f:  # hashed first: a blob the store has is not copied
+            st = os.fstat(f.fileno())
+            sha = hashlib.file_digest(f, "sha256").hexdigest()
+        final = self.path_of(sha)
+        if final.exists() and final.stat().st_size == st.st_size:
+            return BlobRef(sha, st.st_size), False
         tmp = self.root / f".put.{os.getpid()}.{threading.get_ident()}.tmp"
         h = hashlib.sha256()
         size = 0
@@ -100,11 +106,8 @@ class BlobStore:
                 if sync:
                     out.flush()
                     os.fsync(out.fileno())
-            sha = h.hexdigest()
+            sha = h.hexdigest()  # what was copied (the file may have changed since)
             final = self.path_of(sha)
-            if final.exists() and final.stat().st_size == size:
-                tmp.unlink()
-                return BlobRef(sha, size), False
             final.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, final)
         except BaseException:

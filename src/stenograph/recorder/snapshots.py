@@ -25,6 +25,7 @@ snapshot killed halfway leaves blobs nobody names, never a manifest naming a tor
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import math
 import os
@@ -198,7 +199,11 @@ def scan(root: str, rules: IgnoreRules, limits: Limits
     out: dict[str, os.stat_result] = {}
     skipped = 0
     total = 0
-    excluded = {os.path.realpath(x) for x in rules.exclude}
+    excluded = set()  # by identity: a realpath per entry would cost an lstat per component
+    for x in rules.exclude:
+        with contextlib.suppress(OSError):
+            st_x = os.stat(x)
+            excluded.add((st_x.st_dev, st_x.st_ino))
     try:
         out[""] = os.lstat(root)
     except OSError as exc:
@@ -218,7 +223,7 @@ def scan(root: str, rules: IgnoreRules, limits: Limits
             except OSError:
                 continue
             is_dir = stat.S_ISDIR(st.st_mode)
-            if rules.ignored(r, is_dir) or os.path.realpath(de.path) in excluded:
+            if rules.ignored(r, is_dir) or (st.st_dev, st.st_ino) in excluded:
                 continue
             if not (is_dir or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                 skipped += 1

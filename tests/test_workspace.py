@@ -1,0 +1,203 @@
+"""The workspace on the tape, with real files, real processes and real mount namespaces.
+
+A coding agent on the official openai SDK (examples/coding_agent.py) against the
+loopback model server writes, edits and deletes files through Python and through a
+shell, and reads them back into its prompts. Recorded with a checkpoint every third
+turn, its workspace is then changed and partly deleted: the replay is bit-identical and
+leaves the real workspace exactly as it was. ``checkpoint restore --at N`` for every
+turn equals the copy the agent itself made of its tree before that model request.
+A recorder killed with SIGKILL while it snapshots leaves no Checkpoint naming a torn
+snapshot. A replay that cannot make its mount namespace (CAP_SYS_ADMIN dropped with
+setpriv) refuses in one line with exit 2 and runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stenograph.recorder.blobs import BlobRef, BlobStore
+from stenograph.recorder.reader import StoreReader
+from stenograph.recorder.snapshots import closure, load_manifest
+from stenograph.testing.model_server import ModelServer
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "stenograph"]
+AGENT = ROOT / "examples" / "coding_agent.py"
+SCRIPT = ROOT / "examples" / "coding_script.json"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STENO_", "OPENAI_"))}
+    env.update(extra)
+    return env
+
+
+def tree(root: Path, *, times: bool = True) -> dict[str, tuple[object, ...]]:
+    """Everything a restore must reproduce: type, bytes or target, mode, mtime."""
+    out: dict[str, tuple[object, ...]] = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            p = Path(dirpath, name)
+            st = p.lstat()
+            t = st.st_mtime_ns if times else 0
+            if stat.S_ISLNK(st.st_mode):
+                out[str(p.relative_to(root))] = ("l", os.readlink(p), t)
+            elif stat.S_ISDIR(st.st_mode):
+                out[str(p.relative_to(root))] = ("d", stat.S_IMODE(st.st_mode), t)
+            else:
+                out[str(p.relative_to(root))] = ("f", stat.S_IMODE(st.st_mode), t,
+                                                 p.read_bytes())
+    st = root.lstat()
+    out["."] = ("d", stat.S_IMODE(st.st_mode), st.st_mtime_ns if times else 0)
+    return out
+
+
+@pytest.fixture()
+def recorded_agent(tmp_path: Path) -> tuple[Path, Path, Path]:
+    work, copies = tmp_path / "work", tmp_path / "copies"
+    copies.mkdir()  # a second workspace root: replay writes its copies into the overlay
+    (work / "build").mkdir(parents=True)
+    (work / "old.txt").write_text("stale\n")
+    (work / "build" / "x.o").write_bytes(b"\x7fELF")
+    steno = tmp_path / "agent.steno"
+    with ModelServer(script=SCRIPT) as srv:
+        rec = subprocess.run(
+            [*CLI, "record", "--checkpoint-every", "3", "--workspace", str(work),
+             "--workspace", str(copies), "-o", str(steno), "--",
+             sys.executable, str(AGENT), "--copies", str(copies)],
+            cwd=work, env=_env(OPENAI_BASE_URL=srv.openai_base_url, OPENAI_API_KEY="sk-w"),
+            capture_output=True, timeout=120)
+    assert rec.returncode == 0, rec.stderr.decode()[-3000:]
+    assert b"files now: ['empty', 'main.py', 'notes.md', 'src']" in rec.stdout
+    assert b"checkpoint(s)" in rec.stderr
+    return work, copies, steno
+
+
+def test_replay_sees_the_recorded_files_and_writes_none(
+        recorded_agent: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    work, _copies, steno = recorded_agent
+    shutil.rmtree(work / "src")
+    (work / "notes.md").write_text("edited by hand since\n")
+    (work / "unrelated.txt").write_text("new\n")
+    before = tree(work)
+    rec_out = subprocess.run([*CLI, "log", "cat", str(steno)], capture_output=True).stdout
+    assert b"Checkpoint" in rec_out
+    p = subprocess.run([*CLI, "replay", "--keep-writes", str(tmp_path / "writes"), str(steno)],
+                       cwd=work, env=_env(), capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    assert "replay bit-identical" in p.stderr.decode()
+    assert b"files now: ['empty', 'main.py', 'notes.md', 'src']" in p.stdout
+    assert tree(work) == before  # not one byte, mode or time of the real files changed
+    assert sorted(os.listdir(_copies)) == [str(n) for n in range(1, 9)]  # as recorded
+    upper = tmp_path / "writes" / "0-work"
+    assert (upper / "notes.md").read_text().startswith("# Notes")  # what the replay wrote
+    assert not any((tmp_path / "writes").glob(".work-*"))
+
+
+def test_restore_at_every_turn_equals_the_agents_own_copies(
+        recorded_agent: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    work, copies, steno = recorded_agent
+    ls = subprocess.run([*CLI, "checkpoint", "ls", "--json", str(steno)], capture_output=True,
+                        text=True, check=True)
+    rows = [json.loads(line) for line in ls.stdout.splitlines()]
+    assert [r["at"] for r in rows] == ["start", "turn", "turn", "end"]
+    assert [r["turn"] for r in rows[1:3]] == [3, 6]
+    shutil.rmtree(work)  # restoring needs nothing but the file
+    turns = sorted(int(p.name) for p in copies.iterdir())
+    assert turns == list(range(1, 9))
+    for n in turns:
+        out = tmp_path / f"at{n}"
+        p = subprocess.run([*CLI, "checkpoint", "restore", str(steno), "--at", str(n), "-o",
+                            str(out)], capture_output=True, text=True, env=_env(), timeout=120)
+        assert p.returncode == 0, (n, p.stderr)
+        got_root = out / "0-work"
+        want, got = tree(copies / str(n)), tree(got_root)
+        assert tree(copies / str(n), times=False) == tree(got_root, times=False), n
+        assert sorted(os.listdir(out / "1-copies")) == [str(i) for i in range(1, n + 1)]
+        if n in (3, 6):
+            assert "(checkpoint" in p.stderr
+            assert got == want, n
+        else:
+            assert "sealed replay stopped at model request" in p.stderr
+            stale = {k for k in want if want[k] != got[k]}
+            said = 0
+            if "the replay's mtime" in p.stderr:
+                said = int(p.stderr.split("; ")[1].split()[0])
+            assert len(stale) <= said <= 2, (n, stale, p.stderr)  # said, and few
+    start = tmp_path / "start"
+    subprocess.run([*CLI, "checkpoint", "restore", str(steno), "--at", "start", "-o",
+                    str(start)], check=True, capture_output=True)
+    assert sorted(tree(start / "0-work")) == [".", "build", "build/x.o", "old.txt"]
+    assert os.listdir(start / "1-copies") == []
+    bad = subprocess.run([*CLI, "checkpoint", "restore", str(steno), "--at", "99", "-o",
+                          str(tmp_path / "nope")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "made 8 model request(s)" in bad.stderr
+    assert not (tmp_path / "nope").exists()
+
+
+def test_no_mount_namespace_refuses_in_one_line_and_runs_nothing(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    work.mkdir()
+    steno = tmp_path / "r.steno"
+    subprocess.run([*CLI, "record", "-o", str(steno), "--", "/bin/sh", "-c", "ls; date"],
+                   cwd=work, env=_env(), check=True, capture_output=True)
+    (work / "probe").unlink(missing_ok=True)
+    p = subprocess.run(["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin",
+                        *CLI, "replay", str(steno)], cwd=work, env=_env(),
+                       capture_output=True, text=True)
+    if p.returncode == 127 or "setpriv:" in p.stderr:
+        pytest.skip(f"setpriv cannot drop CAP_SYS_ADMIN here: {p.stderr.strip()}")
+    assert p.returncode == 2, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--unsealed" in lines[0], p.stderr
+    assert p.stdout == ""  # the program never ran
+    ok = subprocess.run(["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin",
+                         *CLI, "replay", "--unsealed", str(steno)], cwd=work, env=_env(),
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_recorder_killed_while_it_snapshots_names_no_torn_snapshot(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    work = tmp_path / "big"
+    work.mkdir()
+    for d in range(20):
+        (work / f"d{d}").mkdir()
+        for f in range(100):
+            (work / f"d{d}" / f"f{f}").write_bytes(rng.randbytes(8192))
+    prog = "import os, time\nfor i in range(30):\n    os.listdir('.')\n    time.sleep(0.01)\n"
+    torn_seen = whole_seen = 0
+    for trial in range(6):
+        store = tmp_path / f"store{trial}"
+        rec = subprocess.Popen([*CLI, "record", "--store", str(store), "--traj", "t", "-o",
+                                str(tmp_path / f"out{trial}.steno"), "--", sys.executable,
+                                "-c", prog], cwd=work, env=_env(), start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.15, 0.9))
+        os.killpg(rec.pid, signal.SIGKILL)
+        rec.wait()
+        if not (store / "wal").exists():
+            continue
+        blobs = BlobStore(store / "blobs")
+        cps = [ev for ev in StoreReader(store).events(traj="t") if ev.kind == "Checkpoint"]
+        for ev in cps:  # every checkpoint named is whole, and restores
+            ref = BlobRef.from_body(ev.body["snapshot"])
+            assert all(blobs.has(r.sha256) for r in closure(blobs, ref))
+            m = load_manifest(blobs, ref)
+            assert m.files() == 2000
+        stored = [p for p in (store / "blobs").rglob("*") if p.is_file()] \
+            if (store / "blobs").exists() else []
+        torn_seen += not cps and bool(stored)
+        whole_seen += bool(cps)
+    assert torn_seen >= 1, "no kill landed inside a snapshot"
