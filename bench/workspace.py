@@ -8,8 +8,8 @@ the same sizes) and then takes a checkpoint three ways:
   every path, reads only files whose size/mtime/inode changed, writes their blobs and a
   delta manifest (a full one every ``MAX_DEPTH + 1`` snapshots);
 * ``full``: a new ``Snapshotter`` each turn over the same blob directory: reads and
-  hashes every file again (``put_file`` copies each to a temporary file before it finds
-  the blob already there) and writes a full manifest;
+  hashes every file again (``put_file`` hashes first and copies only what the store
+  lacks) and writes a full manifest;
 * ``copytree``: ``shutil.copytree`` of the whole tree to a fresh directory, then one
   ``syncfs`` so it is as durable as a snapshot (the naive peer: no dedup, no manifest).
 
@@ -21,7 +21,11 @@ Times are wall clock on a shared machine and include the ``syncfs`` a snapshot m
 (each measurement starts after an ``os.sync``, so none pays for another's dirty pages).
 
     python bench/workspace.py [--json] [--files 10000] [--turns 20] [--churn 0.01]
-                              [--dir DIR]
+                              [--dir DIR] [--replay-files 1000]
+
+Then the start-up a sealed replay adds: ``/bin/true`` recorded in a workspace of
+``--replay-files`` files, replayed sealed (the start snapshot restored into the tape
+directory, overlays mounted) and ``--unsealed``, through the real CLI: median of 5 each.
 
 A benchmark prints figures; it asserts nothing.
 """
@@ -35,6 +39,8 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -150,6 +156,26 @@ def run(files_n: int, turns: int, frac: float, base: Path) -> dict[str, Any]:
             "turns_detail": per}
 
 
+def replay_startup(base: Path, n: int, repeat: int = 5) -> dict[str, float]:
+    work = base / "replay-ws"
+    make_tree(work, n, random.Random(3))
+    steno = base / "true.steno"
+    cli = [sys.executable, "-m", "stenograph"]
+    subprocess.run([*cli, "record", "-o", str(steno), "--", "/bin/true"], cwd=work,
+                   check=True, capture_output=True)
+    out: dict[str, float] = {}
+    for name, flags in (("sealed", []), ("unsealed", ["--unsealed"])):
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            subprocess.run([*cli, "replay", *flags, str(steno)], cwd=work, check=True,
+                           capture_output=True)
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times)
+    out["ratio"] = out["sealed"] / out["unsealed"]
+    return out
+
+
 def _b(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -164,11 +190,13 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=20)
     ap.add_argument("--churn", type=float, default=0.01, help="fraction of files per turn")
     ap.add_argument("--dir", help="where to build the workspace (default: a temp dir)")
+    ap.add_argument("--replay-files", type=int, default=1000)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="steno-ws-", dir=a.dir))
     try:
         r = run(a.files, a.turns, a.churn, base)
+        r["replay_startup"] = replay_startup(base, a.replay_files)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     if a.json:
@@ -196,6 +224,10 @@ def main() -> None:
         f = r["per_turn"][way]
         print(f"  incremental vs {way}: {f['seconds_median'] / inc['seconds_median']:.1f}x "
               f"faster, {f['written_mean'] / inc['written_mean']:.1f}x fewer bytes written")
+    rs = r["replay_startup"]
+    print(f"replay of /bin/true in a {a.replay_files}-file workspace: sealed "
+          f"{rs['sealed'] * 1e3:.0f} ms, unsealed {rs['unsealed'] * 1e3:.0f} ms "
+          f"({rs['ratio']:.2f}x)")
 
 
 if __name__ == "__main__":

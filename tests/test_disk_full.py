@@ -3,7 +3,8 @@
 A real tmpfs (mounted here: the suite runs as root, as `make test` does on this
 machine; skipped where a mount cannot be made), filled with a real file, and real
 `stenograph record` runs of a program that posts a 1 MiB body to a real server on
-127.0.0.1 and exits 3.
+127.0.0.1 and exits 3. (`--workspace none`: the test's directory holds the filled disk
+itself, which a workspace snapshot would try to copy onto it.)
 """
 
 from __future__ import annotations
@@ -65,9 +66,9 @@ def _record(tmp: Path, disk: Path, url: str, *args: str,
             program: str = PROGRAM) -> subprocess.CompletedProcess[str]:
     prog = tmp / "agent.py"
     prog.write_text(program)
-    return subprocess.run([*CLI, "record", "--store", str(disk / "store"), "-o",
-                           str(tmp / "out.steno"), "--", sys.executable, str(prog), url,
-                           *args],
+    return subprocess.run([*CLI, "record", "--workspace", "none", "--store",
+                           str(disk / "store"), "-o", str(tmp / "out.steno"), "--",
+                           sys.executable, str(prog), url, *args],
                           cwd=tmp, env=_env(), capture_output=True, text=True, timeout=120)
 
 
@@ -396,9 +397,9 @@ def test_an_exchange_the_store_cannot_take_leaves_the_program_unharmed(
     _fill(small_disk, 200)
     prog = tmp_path / "agent.py"
     prog.write_text(PROGRAM)
-    p = subprocess.Popen([*CLI, "record", "--store", str(small_disk / "store"), "-o",
-                          str(tmp_path / "out.steno"), "--", sys.executable, str(prog),
-                          counting_server, str(400 << 10)],
+    p = subprocess.Popen([*CLI, "record", "--workspace", "none", "--store",
+                          str(small_disk / "store"), "-o", str(tmp_path / "out.steno"),
+                          "--", sys.executable, str(prog), counting_server, str(400 << 10)],
                          cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     try:

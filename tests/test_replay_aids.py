@@ -33,8 +33,8 @@ def _record(tmp: Path, argv: list[str]) -> tuple[Path, bytes]:
     return out, p.stdout
 
 
-def _replay(tmp: Path, steno: Path) -> tuple[int, dict]:
-    p = subprocess.run([*CLI, "replay", str(steno), "--json"], cwd=tmp, env=_env(),
+def _replay(tmp: Path, steno: Path, *flags: str) -> tuple[int, dict]:
+    p = subprocess.run([*CLI, "replay", str(steno), "--json", *flags], cwd=tmp, env=_env(),
                        capture_output=True, timeout=120)
     assert p.stdout, p.stderr.decode(errors="replace")
     return p.returncode, json.loads(p.stdout.decode().splitlines()[-1])
@@ -46,7 +46,8 @@ def test_a_divergence_says_where_the_program_was(tmp_path: Path) -> None:
     steno, _ = _record(tmp_path, [os.path.realpath(PY), str(prog)])
     prog.write_text("import os, time\n\ndef stamp():\n    return os.urandom(4)\n\n"
                     "print(stamp())\n")
-    code, rep = _replay(tmp_path, steno)
+    code, rep = _replay(tmp_path, steno, "--live", str(prog))  # the changed code, not the
+    # recorded workspace's copy
     assert code == 1, rep
     stack = rep["divergences"][0].get("python_stack", [])
     assert any(line.startswith("Native stack") for line in stack), stack

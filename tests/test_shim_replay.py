@@ -176,7 +176,7 @@ def test_changed_program_diverges_with_a_precise_report(tmp_path: Path) -> None:
     steno, _ = record(tmp_path, [PY, str(prog)])
     prog.write_text("import time, os\nprint(time.time(), os.urandom(4))\n"
                     "print(time.process_time())\n")
-    code, rep = replay(tmp_path, steno)
+    code, rep = replay(tmp_path, steno, "--live", str(prog))  # not the recorded copy
     assert code == 1
     d = rep["divergences"][0]
     assert d["proc"] == "0" and d["thread"] == 0
@@ -190,7 +190,7 @@ def test_lenient_lists_divergences_and_finishes(tmp_path: Path) -> None:
     prog.write_text("import time\nprint(time.time())\n")
     steno, _ = record(tmp_path, [PY, str(prog)])
     prog.write_text("import os, time\nprint(time.time(), os.urandom(2)); print('done')\n")
-    code, rep = replay(tmp_path, steno, "--lenient")
+    code, rep = replay(tmp_path, steno, "--lenient", "--live", str(prog))
     assert code == 1 and rep["divergences"]
     assert rep["exit_status"]["replayed"] == 0
 
@@ -252,7 +252,7 @@ def test_changed_directory_is_reported_as_drift_and_served_as_recorded(tmp_path:
     assert code == 0 and rep["drift"] == [], rep
     (d / "b").unlink()
     (d / "z").touch()  # same count, other names: the digest sees it
-    code, rep = replay(tmp_path, steno)
+    code, rep = replay(tmp_path, steno, "--live", str(d))  # sealed, it would see the old
     assert code == 0 and rep["identical"]["stdout"], rep
     assert len(rep["drift"]) == 1 and str(d) in json.dumps(rep["drift"]), rep
 
@@ -313,7 +313,7 @@ def test_a_clock_record_asked_for_at_another_call_site_is_a_divergence(tmp_path:
     code, rep = replay(tmp_path, steno)
     assert code == 0 and rep["divergences"] == [], rep
     order.write_text("ba")
-    code, rep = replay(tmp_path, steno)
+    code, rep = replay(tmp_path, steno, "--live", str(order))
     assert code == 1, rep
     d = rep["divergences"][0]
     assert d["channel"] == "clock" and d["position"] == 0, d

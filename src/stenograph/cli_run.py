@@ -390,13 +390,17 @@ def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[
               help="Keep what the program wrote to its workspace here (an overlay's upper "
               "layer per workspace root; deleted files are overlayfs whiteouts). The real "
               "workspace is never written.")
+@click.option("--live", "live", multiple=True, type=click.Path(exists=True), metavar="PATH",
+              help="Show PATH (a file or directory in the workspace) as it is now, not as "
+              "recorded: the code of a program you changed. Files named on an edited "
+              "command line (`-- CMD`) are live anyway.")
 @click.option("--stop-at", hidden=True, default=None, metavar="PROC:POS",
               help="Snapshot the workspace at this model request into KEEP_TAPE/stop and "
               "end there (`stenograph checkpoint restore`).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unsealed: bool,
-           keep_tape: str | None, keep_writes: str | None, stop_at: str | None,
-           cmd: tuple[str, ...]) -> None:
+           keep_tape: str | None, keep_writes: str | None, live: tuple[str, ...],
+           stop_at: str | None, cmd: tuple[str, ...]) -> None:
     """Re-run a recorded command, serving every recorded clock, byte and listing.
 
     Sealed (the default): the program runs in a private mount namespace where /tmp is
@@ -445,8 +449,10 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         snap = start_snapshot(events)
         if snap is not None and not unsealed:
             blob_map = MapBlobs(blobs)
+            named = [a for a in cmd if os.path.exists(a)] if cmd else []
             mounts = prepare_workspace(load_manifest(blob_map, snap), blob_map,
-                                       recorded_rules(started), tape / "ws")
+                                       recorded_rules(started), tape / "ws",
+                                       live=[*live, *named])
         sealed_cwd = cwd if isinstance(cwd, str) and mounts else None
         if not isinstance(cwd, str) or not os.path.isdir(cwd):
             cwd = None

@@ -299,6 +299,8 @@ def _seal_preexec(seal: Seal, roots: Sequence[str]) -> Any:
         # its whiteouts would be files
         ws_fds = [[os.open(low, os.O_PATH | os.O_DIRECTORY) for low in m.lowers]
                   for m in seal.workspaces]
+        bind_fds = [[os.open(b, os.O_PATH | os.O_DIRECTORY) for b in m.binds]
+                    for m in seal.workspaces]
         kfd = (os.open(seal.keep_writes, os.O_PATH | os.O_DIRECTORY)
                if seal.keep_writes else None)
         stage = seal.stage.encode()
@@ -337,6 +339,10 @@ def _seal_preexec(seal: Seal, roots: Sequence[str]) -> Any:
             opts = f"lowerdir={lowers},upperdir={upper},workdir={work}".encode()
             check(mount(b"overlay", m.target.encode(), b"overlay", 0, opts),
                   f"overlay on {m.target}")
+            for b, fd in zip(m.binds, bind_fds[i], strict=True):
+                check(mount(f"/proc/self/fd/{fd}".encode(), b.encode(), None,
+                            MS_BIND | MS_REC, None), f"bind {b}")
+                os.close(fd)
         for fds in ws_fds:
             for fd in fds:
                 os.close(fd)

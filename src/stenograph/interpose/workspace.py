@@ -84,6 +84,9 @@ class WorkspaceMount:
     target: str
     lowers: tuple[str, ...]
     name: str
+    binds: tuple[str, ...] = ()
+    """Live directories the rules leave out (a virtualenv, caches), bound back over the
+    overlay: reached at full speed, not through overlayfs' lookups."""
 
 
 def start_snapshot(events: Sequence[Any]) -> BlobRef | None:
@@ -105,20 +108,27 @@ def recorded_rules(started: Mapping[str, Any]) -> dict[str, IgnoreRules]:
 
 
 def prepare(manifest: Manifest, blobs: Any, rules: Mapping[str, IgnoreRules],
-            stage: Path) -> list[WorkspaceMount]:
-    """Restore each root of ``manifest`` under ``stage`` and say how to mount it."""
+            stage: Path, live: Sequence[str] = ()) -> list[WorkspaceMount]:
+    """Restore each root of ``manifest`` under ``stage`` and say how to mount it.
+    ``live``: paths the replay sees as they are now (the code of an edited command)."""
     mounts: list[WorkspaceMount] = []
+    live_real = [os.path.realpath(p) for p in live]
     for i, root in enumerate(manifest.roots):
         tree = manifest.trees.get(root, {})
         rule = rules.get(root, IgnoreRules())
-        rule = IgnoreRules(rule.patterns, (*rule.exclude, PACKAGE_DIR))
+        keep_live = tuple(p for p in live_real if p.startswith(root.rstrip("/") + "/"))
+        if keep_live:
+            rels = [os.path.relpath(p, root) for p in keep_live]
+            tree = {k: e for k, e in tree.items()
+                    if not any(k == r or k.startswith(r + "/") for r in rels)}
+        rule = IgnoreRules(rule.patterns, (*rule.exclude, PACKAGE_DIR, *keep_live))
         name = f"{i}-{os.path.basename(root) or 'root'}"
         if os.path.isdir(root) and not os.path.islink(root):
             lower = stage / f"ws{i}"
             restore_tree(blobs, tree, lower)
-            _whiteouts(tree, root, lower, rule)
+            binds = _whiteouts(tree, root, lower, rule)
             apply_meta(tree, lower)  # the whiteouts touched the directories
-            mounts.append(WorkspaceMount(root, (str(lower), root), name))
+            mounts.append(WorkspaceMount(root, (str(lower), root), name, tuple(binds)))
         else:
             anc = root
             while not os.path.isdir(anc):
@@ -139,9 +149,11 @@ def _fix_parents(wrap: Path, rel: str) -> None:
         os.chmod(p, 0o755)
 
 
-def _whiteouts(tree: Tree, root: str, lower: Path, rules: IgnoreRules) -> None:
-    """Hide every live entry under ``root`` that the snapshot lacks and the rules keep."""
+def _whiteouts(tree: Tree, root: str, lower: Path, rules: IgnoreRules) -> list[str]:
+    """Hide every live entry under ``root`` that the snapshot lacks and the rules keep;
+    return the live directories the rules leave out (to bind back)."""
     excluded = set(rules.exclude)
+    binds: list[str] = []
     for d in sorted(p for p, e in tree.items() if e.kind == "d"):
         live = os.path.join(root, d) if d else root
         try:
@@ -161,9 +173,12 @@ def _whiteouts(tree: Tree, root: str, lower: Path, rules: IgnoreRules) -> None:
             full = os.path.join(live, name)
             is_dir = os.path.isdir(full) and not os.path.islink(full)
             if rules.ignored(rel, is_dir) or os.path.realpath(full) in excluded:
+                if is_dir:
+                    binds.append(full)
                 continue
             try:
                 os.mknod(lower / rel, stat.S_IFCHR | 0o600, 0)  # an overlayfs whiteout
             except PermissionError:
                 raise BadInput("the sealed workspace needs root (overlayfs whiteouts); "
                                "rerun as root, or with --unsealed", root) from None
+    return binds
