@@ -102,5 +102,4 @@ def test_litellm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_smolagents(tmp_path: Path) -> None:
     _record_and_replay(
-        Framework("smolagents", "smolagents_agent.py", "smolagents_script.json"), tmp_path,
-        3, 10)
+        Framework("smolagents", "smolagents_agent.py", "smolagents_script.json"), tmp_path)
