@@ -386,8 +386,8 @@ def _kill_tree(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def test_an_exchange_the_store_cannot_take_leaves_the_program_unharmed(
-        tmp_path: Path, small_disk: Path, counting_server: str) -> None:
+def _record_on_a_full_disk(tmp_path: Path, small_disk: Path, counting_server: str,
+                           extra_env: dict[str, str]) -> subprocess.Popen[str]:
     from stenograph.recorder.store import Store, StoreSettings
 
     # the store's tail segment (256 KiB) takes the run's start and its tape, not the
@@ -400,8 +400,16 @@ def test_an_exchange_the_store_cannot_take_leaves_the_program_unharmed(
     p = subprocess.Popen([*CLI, "record", "--workspace", "none", "--store",
                           str(small_disk / "store"), "-o", str(tmp_path / "out.steno"),
                           "--", sys.executable, str(prog), counting_server, str(400 << 10)],
-                         cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                         cwd=tmp_path, env={**_env(), **extra_env}, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
+    return p
+
+
+def test_an_exchange_the_store_cannot_take_leaves_the_program_unharmed(
+        tmp_path: Path, small_disk: Path, counting_server: str) -> None:
+    # the upload is declared read-only: no intent is needed before it is sent
+    p = _record_on_a_full_disk(tmp_path, small_disk, counting_server,
+                               {"STENO_READONLY_URLS": "/up$"})
     try:
         out, err = p.communicate(timeout=20)
     except subprocess.TimeoutExpired:
@@ -420,3 +428,15 @@ def test_an_exchange_the_store_cannot_take_leaves_the_program_unharmed(
                          text=True, env=_env())
     assert cat.returncode == 0, cat.stderr
     assert "RunStarted" in cat.stdout and "TapeChunk" in cat.stdout
+
+
+def test_an_effect_whose_intent_cannot_be_kept_is_not_sent(
+        tmp_path: Path, small_disk: Path, counting_server: str) -> None:
+    """Intent before effect: with no room for the intent, the POST never leaves; the
+    program is told so by the transport, and the recording says why in one line."""
+    p = _record_on_a_full_disk(tmp_path, small_disk, counting_server, {})
+    out, err = p.communicate(timeout=30)
+    assert "status 200" not in out, out  # the effect was not made
+    assert "could not make the intent of POST" in err and "was not sent" in err, err
+    assert p.returncode == 5, err
+    assert err.strip().splitlines()[-1].startswith("stenograph: error: "), err

@@ -421,8 +421,10 @@ def _register_optional() -> None:
     main.add_command(record)
     main.add_command(replay)
     from stenograph.cli_checkpoint import checkpoint
+    from stenograph.cli_status import status
 
     main.add_command(checkpoint)
+    main.add_command(status)
 
 
 _register_optional()

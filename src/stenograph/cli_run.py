@@ -137,9 +137,15 @@ def _exit_code(status: int) -> int:
     return 128 - status if status < 0 else status
 
 
+USER_SETTINGS = ("STENO_REDACT_", "STENO_EFFECT_URLS", "STENO_READONLY_URLS")
+"""``STENO_*`` variables a user sets for the hooks (docs/record-your-agent.md): passed on
+(the shim hides them from the program like the rest); every other one is the harness's."""
+
+
 def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items()
-            if not k.startswith("STENO_") and k != "LD_PRELOAD"}
+            if (not k.startswith("STENO_") or k.startswith(USER_SETTINGS))
+            and k != "LD_PRELOAD"}
 
 
 def _shim_env(env: dict[str, str], mode: str, **extra: str) -> dict[str, str]:
@@ -310,7 +316,8 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             ran["checkpoints"] = checkpoints
         session = RecordSession(store, traj, Path(tmp) / "tape.sock")
         exchanges = ExchangeServer(store, traj, Path(tmp) / "py.sock",
-                                   after_model=checkpoints.model_turn if checkpoints else None)
+                                   after_model=checkpoints.model_turn if checkpoints else None,
+                                   before_intent=session.drain_all)
         flusher = _Flusher(store)
         tmp_before = listing(seal_roots(env))
         try:
@@ -318,6 +325,7 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             result = run_under_shim(argv, _shim_env(
                 env, "record", STENO_SOCK=session.sock_path,
                 STENO_PYSOCK=exchanges.path, STENO_STORE=str(store_path.resolve()),
+                STENO_TRAJ=traj, STENO_EPOCH="0",
                 **loop_env))
             ran["result"] = result
         finally:

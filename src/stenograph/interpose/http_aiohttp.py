@@ -150,6 +150,9 @@ def install(client: ModuleType) -> None:
         url, hdrs, call = _begin(tape, session, method, str_or_url, kwargs)
         if tape.mode == "replay":
             return _replayed(tape, session, method, url, hdrs, call, kwargs, None)
+        if call.extra_headers:  # an effect's idempotency key, fencing token
+            kwargs["headers"] = {**dict(kwargs.get("headers") or {}),
+                                 **dict(call.extra_headers)}
         with call.sending():
             resp = await orig(session, method, str_or_url, **kwargs)
         return await _recorded(tape, session, call, resp)

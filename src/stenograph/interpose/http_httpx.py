@@ -102,6 +102,8 @@ def install(mod: ModuleType) -> None:
             call = _begin(tape, request, request.read())
             if tape.mode == "replay":
                 return _replayed(tape, call, request, is_async=False)
+            for k, v in call.extra_headers:  # an effect's idempotency key, fencing token
+                request.headers[k] = v
             with call.sending():
                 resp = orig_sync(self, request)
         rec = call.received(resp.status_code, list(resp.headers.multi_items()),
@@ -164,6 +166,8 @@ def install(mod: ModuleType) -> None:
             call = _begin(tape, request, await request.aread())
             if tape.mode == "replay":
                 return _replayed(tape, call, request, is_async=True)
+            for k, v in call.extra_headers:
+                request.headers[k] = v
             with call.sending():
                 resp = await orig_async(self, request)
         return _recorded_async(tape, call, request, resp)

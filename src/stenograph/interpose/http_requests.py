@@ -187,6 +187,8 @@ def install(adapters: ModuleType) -> None:
                                  rebuild=_body_error)
             raw = _tape_response(urllib3, request.method, rp.status, rp.reason, headers, chunks)
             return adapter.build_response(request, raw)
+        for k, v in call.extra_headers:  # an effect's idempotency key, fencing token
+            request.headers[k] = v
         with call.sending():
             response = orig(adapter, request, True, timeout, verify, cert, proxies)
         real = response.raw

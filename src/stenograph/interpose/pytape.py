@@ -55,6 +55,8 @@ from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.exchanges import is_lost_body
 
 SPILL = 32 << 10
+INTENT_BODY = 4 << 10
+"""An effect's body up to this size is in its intent; a larger one by its sha256."""
 MAX_MESSAGE = 1 << 20
 """The largest message the recorder takes (``recorder.exchanges.MAX_MESSAGE``)."""
 MATCH_WINDOW = 16
@@ -158,6 +160,10 @@ class PyTape:
         self._tape_dir = Path(tape_dir) if tape_dir else None
         self._streams: dict[str, list[dict[str, Any]]] | None = None
         self._used: dict[str, set[int]] = {}
+        self.traj = getenv("STENO_TRAJ") or ""
+        self.epoch = int(getenv("STENO_EPOCH") or 0)
+        self.effect_urls = getenv("STENO_EFFECT_URLS") or ""
+        self.readonly_urls = getenv("STENO_READONLY_URLS") or ""
         os.register_at_fork(after_in_child=self._after_fork)
 
     # -- common ---------------------------------------------------------------------
@@ -224,6 +230,35 @@ class PyTape:
                 entry = {**entry, "imports": self.shim.imported[:]}
                 self.shim.imported.clear()
         entry = {"proc": self.proc, "channel": channel, "pos": pos, **entry}
+        self._send(entry)
+
+    def intent(self, channel: str, pos: int, target: str, body: bytes | Any,
+               key: str | None) -> bool:
+        """Make an effect's intent durable before it is dispatched: the recorder drains
+        every ring of the tree, appends ``ToolIntent`` and answers once its sync returned
+        (so everything taped before it is durable too). False if it could not be made
+        durable: the effect must not be sent."""
+        if self._broken or self.mode != "record":
+            return False
+        from stenograph.recorder.effects import call_id
+
+        if isinstance(body, bytes) and len(body) > INTENT_BODY:
+            # the result's entry has the body; the intent only has to name it, and stay
+            # small enough to go in when little room is left
+            body = {"sha256": hashlib.sha256(self.rules.scrub(body)).hexdigest(),
+                    "bytes": len(body)}
+        record = {"kind": "ToolIntent", "call_id": call_id(self.proc, channel, pos),
+                  "proc": self.proc, "channel": channel, "pos": pos, "target": target,
+                  "body": self.rules.scrub(body), "idempotency_key": key,
+                  "epoch": self.epoch}
+        try:
+            self._send(record)
+        except (_Refused, OSError, RuntimeError, ValueError):
+            return False
+        return True
+
+    def _send(self, entry: dict[str, Any]) -> None:
+        """One message to the recorder; return once it answered that it is durable."""
         msg = msgpack.packb(entry, use_bin_type=True)
         if len(msg) > MAX_MESSAGE:
             msg = _without_big_bodies(entry)

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from stenograph.interpose import effects
 from stenograph.interpose.exchange import (
     classify,
     describe,
@@ -66,6 +67,10 @@ def _aioloop() -> Any:
     from stenograph.interpose import aioloop
 
     return aioloop
+
+class IntentNotDurable(ConnectionError):
+    """An effect whose intent the recorder could not make durable is not sent."""
+
 
 Rebuild = Callable[[dict[str, Any]], BaseException]
 """A recorded error (``error_body``) back as the library's exception."""
@@ -240,6 +245,20 @@ class Call:
         self.pos = tape.begin(self.channel)
         self.request, self.match, self.fp = describe(tape, method, url, headers, body)
         self.suspend: dict[str, list[Any]] = {"head": [], "chunks": []}
+        self.effect = effects.is_effect(method, url, self.channel, tape.effect_urls,
+                                        tape.readonly_urls)
+        self.extra_headers: list[tuple[str, str]] = []
+        """Headers an effect leaves with (record): the hook adds them to the request."""
+        self._target = f"{method.upper()} {url}"
+        self._key: str | None = None
+        if self.effect:
+            from stenograph.recorder.effects import call_id
+
+            self._key = effects.program_key(headers) or effects.idempotency_key(
+                tape.traj, call_id(tape.proc, self.channel, self.pos))
+            self.extra_headers = effects.wire_headers(tape.traj, tape.epoch, self._key,
+                                                      headers)
+        self._body = body
 
     def commit(self, response: dict[str, Any] | None, error: dict[str, Any] | None) -> None:
         entry = {"fingerprint": self.fp, "request": self.request, "response": response,
@@ -278,8 +297,15 @@ class Call:
 
     @contextlib.contextmanager
     def sending(self) -> Iterator[None]:
-        """The real call, tape paused; what it raises is committed, then re-raised."""
+        """The real call, tape paused; what it raises is committed, then re-raised. An
+        effect is sent only once its intent is durable (``PyTape.intent``)."""
         with self.tape.shim.paused():
+            if self.effect and not self.tape.intent(self.channel, self.pos, self._target,
+                                                    self._body, self._key):
+                exc = IntentNotDurable(f"stenograph could not make the intent of "
+                                       f"{self._target} durable; the request was not sent")
+                self.failed(exc)
+                raise exc
             try:
                 yield
             except Exception as exc:

@@ -58,9 +58,13 @@ class ExchangeServer:
     """Accepts exchange messages from every process of a recorded tree."""
 
     def __init__(self, store: Any, traj: str, sock_path: str | Path, *,
-                 after_model: Callable[[str, int, int], None] | None = None) -> None:
+                 after_model: Callable[[str, int, int], None] | None = None,
+                 before_intent: Callable[[], None] | None = None) -> None:
         self.store = store
         self._after_model = after_model
+        self._before_intent = before_intent
+        """Called before a ``ToolIntent`` is appended: the tape session drains every
+        process's rings, so the intent's sync covers all the tree taped before it."""
         """Called with (proc, pos, lsn) once a model exchange is durable, before the
         program is answered: the turn boundary checkpoints are taken at."""
         self.traj = traj
@@ -80,6 +84,13 @@ class ExchangeServer:
             body = msgpack.unpackb(msg, raw=False, strict_map_key=False)
             if not isinstance(body, dict):
                 raise ValueError("exchange message is not a map")
+            if body.get("kind") == "ToolIntent":
+                if self._before_intent is not None:
+                    self._before_intent()
+                self.store.append(self.traj, "ToolIntent",
+                                  {k: v for k, v in body.items() if k != "kind"}, durable=True)
+                conn.sendall(ACK)
+                return
             lsn = self.store.append(self.traj, "Exchange", body, durable=True)
         except Exception as exc:  # the store refused it (a full disk): say so, go on
             with self._lock:

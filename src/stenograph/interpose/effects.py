@@ -1,0 +1,69 @@
+"""Which calls are effects, and what an effect carries on the wire.
+
+An HTTP request is an effect when it is not a model call and not read-only: methods
+POST, PUT, PATCH and DELETE, unless its URL matches ``STENO_READONLY_URLS``; any method
+when its URL matches ``STENO_EFFECT_URLS`` (both comma-separated regex lists, searched
+in the URL). A ``@stenograph.tool(effect=True)`` is one by declaration.
+
+Before an effect is dispatched its intent is made durable (``PyTape.intent``). An HTTP
+effect leaves with two headers: ``Idempotency-Key`` (derived from the trajectory and the
+call's place on the tape, so a resumed run sends the same key again; a key the program
+set is kept and recorded) and ``Stenograph-Fencing-Token: <trajectory>:<epoch>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+
+from stenograph.fencing import HEADER as FENCING_HEADER
+
+EFFECT_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+@lru_cache(maxsize=8)
+def _patterns(spec: str) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p.strip()) for p in spec.split(",") if p.strip())
+
+
+def is_effect(method: str, url: str, channel: str, effect_urls: str = "",
+              readonly_urls: str = "") -> bool:
+    if channel == "model":
+        return False
+    if any(p.search(url) for p in _patterns(effect_urls)):
+        return True
+    if any(p.search(url) for p in _patterns(readonly_urls)):
+        return False
+    return method.upper() in EFFECT_METHODS
+
+
+def idempotency_key(traj: str, call_id: str) -> str:
+    """The key an effect carries: the same for the same call of the same trajectory."""
+    return "steno-" + hashlib.sha256(f"{traj}\0{call_id}".encode()).hexdigest()[:32]
+
+
+def program_key(headers: Sequence[tuple[str, str]]) -> str | None:
+    """The idempotency key the program set itself, if any."""
+    for k, v in headers:
+        if k.lower() == IDEMPOTENCY_HEADER.lower():
+            return v
+    return None
+
+
+def fencing_token(traj: str, epoch: int) -> str:
+    return f"{traj}:{epoch}"
+
+
+def wire_headers(traj: str, epoch: int, key: str,
+                 headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The headers to add to an effect's request (none the program already set)."""
+    have = {k.lower() for k, _ in headers}
+    out = []
+    if IDEMPOTENCY_HEADER.lower() not in have:
+        out.append((IDEMPOTENCY_HEADER, key))
+    if FENCING_HEADER.lower() not in have:
+        out.append((FENCING_HEADER, fencing_token(traj, epoch)))
+    return out

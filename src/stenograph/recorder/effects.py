@@ -1,0 +1,111 @@
+"""Effects in a trajectory, and the state of the trajectory, from the log alone.
+
+An effect is a call that changes the world: an HTTP request that is neither a model call
+nor read-only (``interpose/effects.py`` decides), or a ``@stenograph.tool(effect=True)``.
+Before it is dispatched the recorder makes a ``ToolIntent`` durable (call id, target,
+body, idempotency key, fencing epoch), with everything the tree taped before it; the
+call's ``Exchange`` entry, when it comes back, is its result. So a reader of the log
+knows, for every effect, one of:
+
+* ``settled``: intent and result are both durable;
+* ``in-doubt``: the intent is durable and the result is not -- the effect may have
+  happened or not, and only the service (an idempotency key, a probe) or a person can
+  say which.
+
+``Settled`` events (``stenograph settle``) close an in-doubt effect by a decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stenograph.recorder.codec import Event
+
+
+def call_id(proc: str, channel: str, pos: int) -> str:
+    """The id of a call: where it is on its process's Python tape."""
+    return f"{proc}/{channel}/{pos}"
+
+
+@dataclass
+class Effect:
+    call_id: str
+    target: str
+    idempotency_key: str | None
+    epoch: int
+    state: str = "in-doubt"
+    intent_lsn: int = 0
+    result_lsn: int | None = None
+    decision: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"call_id": self.call_id, "target": self.target, "state": self.state,
+                "idempotency_key": self.idempotency_key, "epoch": self.epoch,
+                **({"decision": self.decision} if self.decision else {})}
+
+
+@dataclass
+class TrajectoryState:
+    traj: str
+    state: str = "running"
+    turns: int = 0
+    epoch: int = 0
+    holder: int | None = None
+    exit_status: int | None = None
+    effects: list[Effect] = field(default_factory=list)
+    events: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"traj": self.traj, "state": self.state, "turns": self.turns,
+                "epoch": self.epoch, "lease_holder": self.holder,
+                "exit_status": self.exit_status, "events": self.events,
+                "effects": [e.to_json() for e in self.effects]}
+
+
+def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> TrajectoryState:
+    """The state of one trajectory from its events (in log order)."""
+    st = TrajectoryState(traj)
+    by_id: dict[str, Effect] = {}
+    ended = False
+    for ev in events:
+        st.events += 1
+        body = ev.body if isinstance(ev.body, dict) else {}
+        if ev.kind == "ToolIntent":
+            cid = str(body.get("call_id"))
+            eff = Effect(cid, str(body.get("target", "?")), body.get("idempotency_key"),
+                         int(body.get("epoch", 0)), intent_lsn=ev.lsn)
+            if cid not in by_id:
+                by_id[cid] = eff
+                st.effects.append(eff)
+        elif ev.kind == "Exchange":
+            ch, pos = body.get("channel"), body.get("pos")
+            if ch == "model":
+                st.turns += 1
+            if isinstance(pos, int):
+                eff = by_id.get(call_id(str(body.get("proc")), str(ch), pos))
+                if eff is not None and eff.result_lsn is None:
+                    eff.result_lsn = ev.lsn
+                    eff.state = "settled"
+        elif ev.kind == "Settled":
+            eff = by_id.get(str(body.get("call_id")))
+            if eff is not None and eff.state == "in-doubt":
+                eff.state = "settled"
+                eff.decision = str(body.get("as"))
+        elif ev.kind == "LeaseAcquired":
+            st.epoch = max(st.epoch, int(body.get("epoch", 0)))
+            st.holder = body.get("pid")
+        elif ev.kind == "RunEnded":
+            ended = True
+            st.exit_status = body.get("status")
+        elif ev.kind == "RunStarted":
+            ended = False
+    if ended:
+        st.state = "ended"
+    elif writer_alive:
+        st.state = "running"
+    else:
+        st.state = "needs-attention" if any(e.state == "in-doubt" for e in st.effects) \
+            else "crashed"
+    return st

@@ -1,0 +1,118 @@
+"""Effects are written down before they are sent: a real program (requests) makes real
+effects against the loopback effect service, recorded into a store.
+
+The service is instrumented: the moment a mutating request arrives, before it does
+anything, it reads the store *from disk* and finds the call's ``ToolIntent`` there,
+durable, after every event the run had before it. The call's result (its ``Exchange``)
+comes after the intent. Each effect carried an ``Idempotency-Key`` (the program's own
+where it set one) and the fencing token; a GET is not an effect; ``stenograph status``
+classifies every effect; a replay sends nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from stenograph.recorder.reader import StoreReader
+from stenograph.testing.effect_service import EffectService
+
+CLI = [sys.executable, "-m", "stenograph"]
+PROGRAM = """
+import requests, sys
+base = sys.argv[1]
+r = requests.post(base + "/payments", json={"amount": 5, "to": "alice"})
+print("pay", r.status_code, r.json()["id"])
+print("probe", requests.get(base + "/servers", params={"name": "web1"}).json())
+r = requests.post(base + "/servers", json={"name": "web1"})
+print("server", r.status_code, r.json()["id"])
+r = requests.post(base + "/payments", json={"amount": 7, "to": "bob"},
+                  headers={"Idempotency-Key": "mine-1"})
+print("pay", r.status_code, r.json()["id"])
+"""
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
+
+
+def test_every_effect_is_durable_before_it_is_sent(tmp_path: Path) -> None:
+    store, seen = tmp_path / "store", []
+
+    def at_dispatch(path: str, headers: dict[str, str]) -> None:
+        key = headers.get("Idempotency-Key")
+        events = list(StoreReader(store).events(traj="t"))  # what is on disk right now
+        intents = [e for e in events if e.kind == "ToolIntent"
+                   and e.body.get("idempotency_key") == key]
+        seen.append({"path": path, "key": key, "intent": intents[0] if intents else None,
+                     "before": max((e.lsn for e in events if e.kind != "ToolIntent"),
+                                   default=-1),
+                     "fence": headers.get("Stenograph-Fencing-Token")})
+
+    prog = tmp_path / "effects.py"
+    prog.write_text(PROGRAM)
+    with EffectService() as svc:
+        svc.on_effect = at_dispatch
+        rec = subprocess.run([*CLI, "record", "--store", str(store), "--traj", "t", "-o",
+                              str(tmp_path / "e.steno"), "--", sys.executable, str(prog),
+                              svc.url], cwd=tmp_path, env=_env(), capture_output=True,
+                             text=True, timeout=120)
+        assert rec.returncode == 0, rec.stderr
+        counts = svc.stats()
+    assert counts["payments"] == 2 and counts["servers"] == 1
+    assert [s["path"] for s in seen] == ["/payments", "/servers", "/payments"]
+    for s in seen:
+        intent = s["intent"]
+        assert intent is not None, f"{s['path']} arrived before its intent was durable"
+        assert intent.lsn > s["before"]  # after everything the run had written before
+        assert s["fence"] == "t:0"
+    assert seen[2]["key"] == "mine-1"  # the program's own key is kept
+    assert seen[0]["key"] != seen[1]["key"] and seen[0]["key"].startswith("steno-")
+
+    events = list(StoreReader(store).events(traj="t"))
+    intents = [e for e in events if e.kind == "ToolIntent"]
+    assert len(intents) == 3  # the GET is not an effect
+    for it in intents:
+        b = it.body
+        result = [e for e in events if e.kind == "Exchange" and e.body.get("pos") == b["pos"]
+                  and e.body.get("channel") == b["channel"]]
+        assert result and result[0].lsn > it.lsn  # intent < dispatch < result
+
+    st = subprocess.run([*CLI, "status", str(store), "t", "--json"], capture_output=True,
+                        text=True, check=True)
+    report: dict[str, Any] = json.loads(st.stdout)
+    assert report["state"] == "ended"
+    assert [e["state"] for e in report["effects"]] == ["settled"] * 3
+    assert {e["idempotency_key"] for e in report["effects"]} >= {"mine-1"}
+
+    with EffectService() as svc2:  # nothing is sent at replay, anywhere
+        rep = subprocess.run([*CLI, "replay", str(tmp_path / "e.steno")], cwd=tmp_path,
+                             env=_env(), capture_output=True, text=True, timeout=120)
+        assert svc2.stats()["requests"] == 0
+    assert rep.returncode == 0, rep.stderr
+    assert rep.stdout == rec.stdout
+
+
+def test_status_names_an_effect_in_doubt(tmp_path: Path) -> None:
+    """An intent with no result (the recorder died between them) is in doubt."""
+    from stenograph.recorder.store import Store
+
+    store = tmp_path / "s"
+    with Store(store) as st:
+        st.append("x", "RunStarted", {"argv": ["prog"]})
+        st.append("x", "ToolIntent", {"call_id": "0/http/0", "proc": "0", "channel": "http",
+                                      "pos": 0, "target": "POST http://svc/payments",
+                                      "idempotency_key": "k1", "epoch": 0})
+    p = subprocess.run([*CLI, "status", str(store), "--json"], capture_output=True,
+                       text=True, check=True)
+    report = json.loads(p.stdout)
+    assert report["state"] == "needs-attention"
+    assert report["effects"] == [{"call_id": "0/http/0", "target": "POST http://svc/payments",
+                                  "state": "in-doubt", "idempotency_key": "k1", "epoch": 0}]
+    bad = subprocess.run([*CLI, "status", str(tmp_path / "nope")], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
