@@ -85,7 +85,7 @@ def test_every_effect_is_durable_before_it_is_sent(tmp_path: Path) -> None:
     st = subprocess.run([*CLI, "status", str(store), "t", "--json"], capture_output=True,
                         text=True, check=True)
     report: dict[str, Any] = json.loads(st.stdout)
-    assert report["state"] == "ended"
+    assert report["state"] == "ended" and report["epoch"] == 0
     assert [e["state"] for e in report["effects"]] == ["settled"] * 3
     assert {e["idempotency_key"] for e in report["effects"]} >= {"mine-1"}
 
@@ -116,3 +116,17 @@ def test_status_names_an_effect_in_doubt(tmp_path: Path) -> None:
     bad = subprocess.run([*CLI, "status", str(tmp_path / "nope")], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    unknown = subprocess.run([*CLI, "settle", str(store), "x", "0/http/9", "--as", "done"],
+                             capture_output=True, text=True)
+    assert unknown.returncode == 2 and "no effect" in unknown.stderr
+    ok = subprocess.run([*CLI, "settle", str(store), "x", "0/http/0", "--as", "not-done",
+                         "--by", "ops"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    after = json.loads(subprocess.run([*CLI, "status", str(store), "--json"],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert after["effects"][0]["state"] == "settled"
+    assert after["effects"][0]["decision"] == "not-done"
+    assert after["state"] == "crashed"  # no doubt left; the run still has no end
+    again = subprocess.run([*CLI, "settle", str(store), "x", "0/http/0", "--as", "done"],
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and "already settled" in again.stderr

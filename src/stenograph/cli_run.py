@@ -307,6 +307,9 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             "asyncio": asyncio_loop,
             "workspace": ws.to_body() if ws else None,
         })
+        # the recording is the trajectory's first lease: epoch 0, this recorder
+        store.append(traj, "LeaseAcquired", {"epoch": 0, "pid": os.getpid(),
+                                             "host": os.uname().nodename, "by": "record"})
         checkpoints = None
         if ws is not None:
             checkpoints = Checkpointer(

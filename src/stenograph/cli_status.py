@@ -69,3 +69,37 @@ def status(store: Path, traj: str | None, as_json: bool) -> None:
         for e in st.effects:
             click.echo(f"    {e.call_id:<16} {e.state:<9} {e.target}"
                        + (f"  key {e.idempotency_key}" if e.idempotency_key else ""))
+
+
+@click.command("settle")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("traj")
+@click.argument("call")
+@click.option("--as", "as_", type=click.Choice(["done", "not-done"]), required=True,
+              help="What a person found: the effect happened (done) or did not.")
+@click.option("--result", "result_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="A JSON file: the result the program gets for a done call.")
+@click.option("--by", default=None, help="Who decided (kept in the log).")
+def settle(store: Path, traj: str, call: str, as_: str, result_file: Path | None,
+           by: str | None) -> None:
+    """Record a person's decision on an effect in doubt (a `Settled` event)."""
+    from stenograph.cli_checks import input_file
+    from stenograph.recorder.store import Store
+
+    traj_id(traj)
+    result = None
+    if result_file is not None:
+        input_file(str(result_file))
+        try:
+            result = json.loads(result_file.read_text())
+        except ValueError as exc:
+            raise BadInput(f"--result is not JSON: {exc}", str(result_file)) from None
+    (st,) = states(store, traj)
+    eff = next((e for e in st.effects if e.call_id == call), None)
+    if eff is None:
+        raise BadInput(f"no effect {call!r} in {traj} (see `stenograph status`)", str(store))
+    if eff.state != "in-doubt":
+        raise BadInput(f"{call} is already {eff.state}", str(store))
+    with Store(store) as s:
+        s.append(traj, "Settled", {"call_id": call, "as": as_, "result": result, "by": by})
+    click.echo(f"stenograph: {traj} {call} settled as {as_}", err=True)
