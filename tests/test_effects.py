@@ -130,3 +130,52 @@ def test_status_names_an_effect_in_doubt(tmp_path: Path) -> None:
     again = subprocess.run([*CLI, "settle", str(store), "x", "0/http/0", "--as", "done"],
                            capture_output=True, text=True)
     assert again.returncode == 2 and "already settled" in again.stderr
+
+
+LOOP = """
+import requests, sys, time
+base = sys.argv[1]
+for i in range(40):
+    requests.post(base + "/payments", json={"amount": i, "to": "x"})
+    requests.post(base + "/servers", json={"name": f"s{i}"})
+"""
+
+
+def test_killing_the_whole_tree_loses_no_intent_of_a_sent_effect(tmp_path: Path) -> None:
+    """SIGKILL to the recorder and the program together, at random moments: every
+    request the service received has its intent in the store, durable."""
+    import random
+    import signal
+    import time
+
+    rng = random.Random(11)
+    prog = tmp_path / "loop.py"
+    prog.write_text(LOOP)
+    checked = 0
+    for trial in range(12):
+        store = tmp_path / f"s{trial}"
+        with EffectService() as svc:
+            keys: list[str | None] = []
+            svc.on_effect = lambda path, h, keys=keys: keys.append(h.get("Idempotency-Key"))
+            p = subprocess.Popen([*CLI, "record", "--workspace", "none", "--store", str(store),
+                                  "--traj", "t", "-o", str(tmp_path / f"o{trial}.steno"), "--",
+                                  sys.executable, str(prog), svc.url], env=_env(),
+                                 start_new_session=True, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.4, 1.6))
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            received = list(keys)
+        if not (store / "wal").exists():
+            continue
+        durable = {e.body.get("idempotency_key") for e in StoreReader(store).events(traj="t")
+                   if e.kind == "ToolIntent"}
+        missing = [k for k in received if k not in durable]
+        assert not missing, (trial, len(received), missing[:3])
+        checked += len(received)
+        st = subprocess.run([*CLI, "status", str(store), "t", "--json"], capture_output=True,
+                            text=True, check=True)
+        report = json.loads(st.stdout)
+        assert report["state"] in ("crashed", "needs-attention", "ended")
+        assert len(report["effects"]) >= len(received)
+    assert checked > 20, "the kills came before any effect was sent"
