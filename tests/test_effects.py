@@ -179,3 +179,53 @@ def test_killing_the_whole_tree_loses_no_intent_of_a_sent_effect(tmp_path: Path)
         assert report["state"] in ("crashed", "needs-attention", "ended")
         assert len(report["effects"]) >= len(received)
     assert checked > 20, "the kills came before any effect was sent"
+
+
+TOOL_PROGRAM = """
+import json, sys, urllib.request
+import stenograph
+base = sys.argv[1]
+
+@stenograph.tool(effect=True, idempotency_key=lambda amount, to: f"pay-{to}-{amount}")
+def pay(amount, to):
+    req = urllib.request.Request(
+        base + "/payments", data=json.dumps({"amount": amount, "to": to}).encode(),
+        method="POST", headers={"Idempotency-Key": f"pay-{to}-{amount}",
+                                "Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req).read())["id"]
+
+@stenograph.tool
+def lookup(name):
+    return "found " + name
+
+print(pay(3, "carol"), lookup("x"), pay(4, "dave"))
+"""
+
+
+def test_a_declared_effect_tool_is_durable_before_it_runs(tmp_path: Path) -> None:
+    store, seen = tmp_path / "store", []
+
+    def at_dispatch(path: str, headers: dict[str, str]) -> None:
+        key = headers.get("Idempotency-Key")
+        on_disk = [e for e in StoreReader(store).events(traj="t") if e.kind == "ToolIntent"]
+        seen.append((key, [e.body.get("idempotency_key") for e in on_disk]))
+
+    prog = tmp_path / "tools.py"
+    prog.write_text(TOOL_PROGRAM)
+    with EffectService() as svc:
+        svc.on_effect = at_dispatch
+        rec = subprocess.run([*CLI, "record", "--store", str(store), "--traj", "t", "-o",
+                              str(tmp_path / "t.steno"), "--", sys.executable, str(prog),
+                              svc.url], cwd=tmp_path, env=_env(), capture_output=True,
+                             text=True, timeout=120)
+    assert rec.returncode == 0, rec.stderr
+    assert rec.stdout.strip() == "pay_1 found x pay_2"
+    assert seen == [("pay-carol-3", ["pay-carol-3"]),
+                    ("pay-dave-4", ["pay-carol-3", "pay-dave-4"])]
+    report = json.loads(subprocess.run([*CLI, "status", str(store), "t", "--json"],
+                                       capture_output=True, text=True, check=True).stdout)
+    assert [(e["target"], e["state"]) for e in report["effects"]] == [
+        ("tool pay", "settled"), ("tool pay", "settled")]  # lookup is not an effect
+    rep = subprocess.run([*CLI, "replay", str(tmp_path / "t.steno")], cwd=tmp_path,
+                         env=_env(), capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0 and rep.stdout == rec.stdout, rep.stderr

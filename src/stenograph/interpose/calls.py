@@ -17,6 +17,7 @@ import functools
 import inspect
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from stenograph.interpose import seam
@@ -137,7 +138,44 @@ class _Call:
         self.tape.commit(self.channel, self.pos, entry)
 
 
-def _wrap(fn: F, channel: str, name: str | None) -> F:
+@dataclass(frozen=True)
+class EffectSpec:
+    """A declared effect: ``@stenograph.tool(effect=True, idempotency_key=..., probe=...)``.
+    ``idempotency_key`` is a string or a function of the call's arguments (the key the
+    tool sends its service); without one stenograph derives one from the trajectory and
+    the call. ``probe`` is a function of the same arguments telling whether the effect
+    happened (for settling a call left in doubt)."""
+
+    idempotency_key: str | Callable[..., str] | None = None
+    probe: Callable[..., bool] | None = None
+
+    def key(self, tape: PyTape, call: _Call, args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> str:
+        if callable(self.idempotency_key):
+            return str(self.idempotency_key(*args, **kwargs))
+        if self.idempotency_key is not None:
+            return self.idempotency_key
+        from stenograph.interpose.effects import idempotency_key
+        from stenograph.recorder.effects import call_id
+
+        return idempotency_key(tape.traj, call_id(tape.proc, call.channel, call.pos))
+
+
+def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> None:
+    """Record: a declared effect's intent durable before the tool runs, or no run."""
+    if spec is None:
+        return
+    key = spec.key(tape, call, args, kwargs)
+    if not tape.intent(call.channel, call.pos, f"tool {call.name}", call.request["body"],
+                       key):
+        exc = seam.IntentNotDurable(f"stenograph could not make the intent of tool "
+                                    f"{call.name} durable; it was not run")
+        call.recorded(error=exc)
+        raise exc
+
+
+def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None) -> F:
     label = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "call"))
 
     if inspect.iscoroutinefunction(fn):
@@ -151,6 +189,7 @@ def _wrap(fn: F, channel: str, name: str | None) -> F:
                     call = _Call(tape, channel, label, args, kwargs)
                     if tape.mode == "replay":
                         return call.replayed()
+                    _intent(tape, call, spec, args, kwargs)
                     try:
                         result = await fn(*args, **kwargs)
                     except Exception as exc:
@@ -166,6 +205,8 @@ def _wrap(fn: F, channel: str, name: str | None) -> F:
                 await seam._aioloop().replay_suspensions(tape, entry.get("suspend"))
                 with tape.shim.paused():
                     return call.replayed(entry)
+            with tape.shim.paused():
+                _intent(tape, call, spec, args, kwargs)
             try:
                 result = await seam._aioloop().Drive(tape, fn(*args, **kwargs), call.suspend)
             except Exception as exc:
@@ -186,6 +227,7 @@ def _wrap(fn: F, channel: str, name: str | None) -> F:
             call = _Call(tape, channel, label, args, kwargs)
             if tape.mode == "replay":
                 return call.replayed()
+            _intent(tape, call, spec, args, kwargs)
             try:
                 result = fn(*args, **kwargs)
             except Exception as exc:
@@ -208,11 +250,21 @@ def model(fn: F | None = None, *, name: str | None = None) -> F | Callable[[F], 
 
 
 @overload
-def tool(fn: F, *, name: str | None = None) -> F: ...
+def tool(fn: F, *, name: str | None = None, effect: bool = False,
+         idempotency_key: str | Callable[..., str] | None = None,
+         probe: Callable[..., bool] | None = None) -> F: ...
 @overload
-def tool(fn: None = None, *, name: str | None = None) -> Callable[[F], F]: ...
-def tool(fn: F | None = None, *, name: str | None = None) -> F | Callable[[F], F]:
-    """Put a tool on the ``tool`` channel: ``@stenograph.tool`` or ``@tool(name=...)``."""
+def tool(fn: None = None, *, name: str | None = None, effect: bool = False,
+         idempotency_key: str | Callable[..., str] | None = None,
+         probe: Callable[..., bool] | None = None) -> Callable[[F], F]: ...
+def tool(fn: F | None = None, *, name: str | None = None, effect: bool = False,
+         idempotency_key: str | Callable[..., str] | None = None,
+         probe: Callable[..., bool] | None = None) -> F | Callable[[F], F]:
+    """Put a tool on the ``tool`` channel: ``@stenograph.tool`` or ``@tool(name=...)``.
+
+    ``effect=True`` declares that it changes the world: under record its intent
+    (arguments, ``idempotency_key``, the fencing epoch) is durable before it runs."""
+    spec = EffectSpec(idempotency_key, probe) if effect else None
     if fn is None:
-        return lambda f: _wrap(f, "tool", name)
-    return _wrap(fn, "tool", name)
+        return lambda f: _wrap(f, "tool", name, spec)
+    return _wrap(fn, "tool", name, spec)
