@@ -229,3 +229,44 @@ def test_a_declared_effect_tool_is_durable_before_it_runs(tmp_path: Path) -> Non
     rep = subprocess.run([*CLI, "replay", str(tmp_path / "t.steno")], cwd=tmp_path,
                          env=_env(), capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0 and rep.stdout == rec.stdout, rep.stderr
+
+
+def test_agent_effects_follow_proposal_intent_dispatch_result(tmp_path: Path) -> None:
+    """The example agent (openai SDK) against the loopback model server and the effect
+    service: for every effect, the model reply that proposed it < its durable intent <
+    its dispatch (the service finds the intent on disk) < its result."""
+    from stenograph.testing.model_server import ModelServer
+
+    root = Path(__file__).resolve().parent.parent
+    store, seen = tmp_path / "store", []
+    with EffectService() as svc, ModelServer(script=root / "examples" /
+                                             "effect_script.json") as model:
+        def at_dispatch(path: str, headers: dict[str, str]) -> None:
+            evs = list(StoreReader(store).events(traj="ops"))
+            intent = [e for e in evs if e.kind == "ToolIntent"
+                      and e.body.get("idempotency_key") == headers.get("Idempotency-Key")]
+            models = [e.lsn for e in evs if e.kind == "Exchange"
+                      and e.body.get("channel") == "model"]
+            seen.append((path, intent[0].lsn if intent else None, models[-1] if models else None))
+
+        svc.on_effect = at_dispatch
+        env = {**_env(), "EFFECT_URL": svc.url, "OPENAI_BASE_URL": model.openai_base_url,
+               "OPENAI_API_KEY": "sk-ops"}
+        rec = subprocess.run([*CLI, "record", "--workspace", "none", "--store", str(store),
+                              "--traj", "ops", "-o", str(tmp_path / "ops.steno"), "--",
+                              sys.executable, str(root / "examples" / "effect_agent.py")],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert rec.returncode == 0, rec.stderr
+        assert svc.stats()["servers"] == 1 and svc.stats()["payments"] == 1
+    assert [p for p, _i, _m in seen] == ["/servers", "/payments"]
+    evs = list(StoreReader(store).events(traj="ops"))
+    for _path, intent_lsn, proposal_lsn in seen:
+        assert intent_lsn is not None and proposal_lsn is not None
+        assert proposal_lsn < intent_lsn  # the reply that proposed it came first
+        result = [e for e in evs if e.kind == "Exchange" and e.lsn > intent_lsn
+                  and e.body.get("channel") == "http"]
+        assert result  # and its result after
+    report = json.loads(subprocess.run([*CLI, "status", str(store), "ops", "--json"],
+                                       capture_output=True, text=True, check=True).stdout)
+    assert report["turns"] == 4
+    assert [e["target"].split()[0] for e in report["effects"]] == ["POST", "POST"]
