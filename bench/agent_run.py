@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# bench/http.py would shadow the standard library's http for a script run from bench/
+# bench/http_capture.py would shadow the standard library's http for a script run from bench/
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from stenograph.testing.model_server import ModelServer  # noqa: E402

@@ -117,6 +117,7 @@ class EffectService:
 def _handler(svc: EffectService) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # head and body leave at once, not 40 ms apart
 
         def log_message(self, *args: Any) -> None:
             pass

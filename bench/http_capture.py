@@ -12,7 +12,7 @@ run plainly, recorded, and replayed offline with the server stopped; wall times 
 whole commands (CLI start-up included), median of ``--reps`` runs, and the ratio
 replay / record.
 
-    python bench/http.py [--json] [-n 200] [-s 50] [--reps 3]
+    python bench/http_capture.py [--json] [-n 200] [-s 50] [--reps 3]
 
 A benchmark prints figures; it asserts nothing.
 """
