@@ -30,10 +30,15 @@ bench: $(STAMP)
 	     (apt-get update >/dev/null && apt-get install -y faketime >/dev/null))
 	$(BIN)/python bench/shim.py
 	$(BIN)/python bench/agent_run.py
+	$(BIN)/python bench/http_capture.py
+	$(BIN)/python bench/redact.py
+	$(BIN)/python bench/workspace.py
+	$(BIN)/pip install -q 'dbos>=3.4,<4' && $(BIN)/python bench/effects.py
 
 soak: $(STAMP)
 	STENO_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q tests/test_fuzz_readers.py
 	STENO_FRAMEWORK_RUNS=3x10 $(BIN)/pytest -q tests/test_frameworks.py
+	STENO_SNAPSHOT_EXAMPLES=500 $(BIN)/pytest -q tests/test_snapshots.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
