@@ -32,7 +32,14 @@ from stenograph.recorder.snapshots import Manifest, MapBlobs, Tree, load_manifes
 
 @click.group("checkpoint")
 def checkpoint() -> None:
-    """The workspace snapshots of a recording: list them, restore the files at a turn."""
+    """The workspace snapshots of a recording: list them, restore the files at a turn.
+
+    \b
+    Examples:
+      stenograph checkpoint ls run.steno
+      stenograph checkpoint restore run.steno --at 7 -o at7/
+      stenograph checkpoint restore run.steno --at start -o before/
+    """
 
 
 def _turns(events: list[Any]) -> list[tuple[str, int]]:
@@ -92,7 +99,12 @@ def _at(value: str) -> str | int:
               help="Directory to create (must not exist, or be empty): one subdirectory "
               "per workspace root when the run had several, else the root's files.")
 def checkpoint_restore(file: str, at_: str, output: str) -> None:
-    """Restore the workspace of a recording as it was at a turn."""
+    """Restore the workspace of a recording as it was at a turn.
+
+    A turn with a checkpoint is restored from it. Any other turn is reached by a sealed
+    replay of the recording stopped at that model request; mtimes then come from the
+    checkpoints around it where an entry is unchanged, and the command says how many
+    entries carry the replay's instead."""
     at = _at(at_)
     out = Path(output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
