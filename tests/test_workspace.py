@@ -178,7 +178,9 @@ def test_a_recorder_killed_while_it_snapshots_names_no_torn_snapshot(tmp_path: P
             (work / f"d{d}" / f"f{f}").write_bytes(rng.randbytes(8192))
     prog = "import os, time\nfor i in range(30):\n    os.listdir('.')\n    time.sleep(0.01)\n"
     torn_seen = whole_seen = 0
-    for trial in range(6):
+    for trial in range(16):
+        if torn_seen >= 2:
+            break
         store = tmp_path / f"store{trial}"
         rec = subprocess.Popen([*CLI, "record", "--store", str(store), "--traj", "t", "-o",
                                 str(tmp_path / f"out{trial}.steno"), "--", sys.executable,
