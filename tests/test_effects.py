@@ -87,6 +87,11 @@ def test_every_effect_is_durable_before_it_is_sent(tmp_path: Path) -> None:
     report: dict[str, Any] = json.loads(st.stdout)
     assert report["state"] == "ended" and report["epoch"] == 0
     assert [e["state"] for e in report["effects"]] == ["settled"] * 3
+    # a checkpoint of the workspace before each effect, whatever the cadence
+    ats = [e.body["at"] for e in events if e.kind == "Checkpoint"]
+    assert ats == ["start", "effect", "effect", "effect", "end"], ats
+    cp_lsns = [e.lsn for e in events if e.kind == "Checkpoint" and e.body["at"] == "effect"]
+    assert all(c < i.lsn for c, i in zip(cp_lsns, intents, strict=True))
     assert {e["idempotency_key"] for e in report["effects"]} >= {"mine-1"}
 
     with EffectService() as svc2:  # nothing is sent at replay, anywhere

@@ -130,8 +130,11 @@ def checkpoint_restore(file: str, at_: str, output: str) -> None:
         manifest = load_manifest(blobs, ref)
         if found is None:
             assert isinstance(at, int)
-            before = [c for c in cps if c.at == "start" or (c.at == "turn" and c.turn < at)]
-            after = [c for c in cps if c.at == "end" or (c.at == "turn" and c.turn > at)]
+            # (an "effect" checkpoint of turn t was taken after request t was answered)
+            before = [c for c in cps if c.at == "start"
+                      or (c.at in ("turn", "effect") and c.turn < at)]
+            after = [c for c in cps if c.at == "end" or (c.at == "turn" and c.turn > at)
+                     or (c.at == "effect" and c.turn >= at)]
             guessed = _recorded_times(manifest, [load_manifest(MapBlobs(tf.blobs), c.snapshot)
                                                  for c in before[-1:] + after[:1]])
             if guessed:

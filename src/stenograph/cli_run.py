@@ -320,7 +320,7 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
         session = RecordSession(store, traj, Path(tmp) / "tape.sock")
         exchanges = ExchangeServer(store, traj, Path(tmp) / "py.sock",
                                    after_model=checkpoints.model_turn if checkpoints else None,
-                                   before_intent=session.drain_all)
+                                   before_intent=_before_intent(session, checkpoints))
         flusher = _Flusher(store)
         tmp_before = listing(seal_roots(env))
         try:
@@ -359,6 +359,17 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             "checkpoint_errors": checkpoints.errors[:20] if checkpoints else [],
         })
     return stats, exchanges, stalls, result
+
+
+def _before_intent(session: RecordSession, checkpoints: Checkpointer | None) -> Any:
+    """What the recorder does before an effect's intent: a checkpoint of the files the
+    effect may change (forced, whatever the cadence), and every ring of the tree
+    drained, so the intent's sync covers all that was taped before it."""
+    def run() -> None:
+        if checkpoints is not None:
+            checkpoints.before_effect()
+        session.drain_all()
+    return run
 
 
 def _stalls(path: Path) -> list[dict[str, str]]:

@@ -3,7 +3,8 @@
 A ``Checkpoint`` event names a snapshot (``recorder/snapshots.py``) and the point of the
 run it belongs to: ``at`` = ``start`` (before the program ran), ``turn`` (the program
 sent its ``turn``-th model request -- taken while the recorder holds the reply back, so
-nothing the program does next is in it) or ``end`` (the tree exited). It is appended,
+nothing the program does next is in it), ``effect`` (an effect is about to be
+dispatched: taken before its intent is written) or ``end`` (the tree exited). It is appended,
 durable, only after the snapshot's blobs and manifest are: a checkpoint the log names
 is always whole, and one killed halfway leaves only unnamed blobs (``stenograph gc``).
 
@@ -92,6 +93,16 @@ class Checkpointer:
                 return
             if not t.full:
                 self.cadence.took(t.seconds)
+
+    def before_effect(self) -> None:
+        """An effect is about to be dispatched: the files it may change, as they are
+        (a forced checkpoint: resume restores it, whatever the cadence)."""
+        with self._lock:
+            try:
+                self._take("effect", self.store.synced_lsn)
+            except Exception as exc:  # the effect's own intent decides whether it goes
+                self.errors.append(f"checkpoint before an effect at turn {self.turns}: "
+                                   f"{type(exc).__name__}: {exc}")
 
     def end(self, covers_lsn: int) -> None:
         """The program's tree exited."""
