@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from trees import tree
 
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.snapshots import (
@@ -57,21 +57,9 @@ def digest(root: Path, *, lock: bool = True) -> dict[str, str]:
     return out
 
 
-def tree_state(root: Path) -> dict[str, tuple[object, ...]]:
-    """What a restore must give back: types, modes, bytes, link targets, file mtimes."""
-    out: dict[str, tuple[object, ...]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames]:
-            p = Path(dirpath, name)
-            rel = str(p.relative_to(root))
-            st_ = p.lstat()
-            if stat.S_ISLNK(st_.st_mode):
-                out[rel] = ("l", os.readlink(p))
-            elif stat.S_ISDIR(st_.st_mode):
-                out[rel] = ("d", stat.S_IMODE(st_.st_mode))
-            else:
-                out[rel] = ("f", stat.S_IMODE(st_.st_mode), st_.st_mtime_ns, p.read_bytes())
-    return out
+def restorable(root: Path) -> dict[str, tuple[object, ...]]:
+    """What a restore gives back, directory mtimes aside (gc's concern is the bytes)."""
+    return tree(root, dir_times=False, root_entry=False)
 
 
 def blob_shas(store: Path) -> set[str]:
@@ -132,7 +120,7 @@ def build(tmp: Path) -> Built:
             if turn:
                 edit(work, turn)
                 time.sleep(0.002)
-            takes.append((snap.take(), tree_state(work)))
+            takes.append((snap.take(), restorable(work)))
         assert takes[0][0].full and not any(t.full for t, _ in takes[1:])
         for turn in (1, 3, 4):
             t, state = takes[turn]
@@ -185,7 +173,7 @@ def assert_restores(b: Built, tmp: Path) -> None:
         m = load_manifest(blobs, t.ref)
         dest = tmp / f"restored{i}"
         restore_tree(blobs, m.trees[str(b.work)], dest)
-        assert tree_state(dest) == state, f"snapshot {i} does not restore after gc"
+        assert restorable(dest) == state, f"snapshot {i} does not restore after gc"
 
 
 def test_gc_removes_orphans_and_keeps_every_snapshot_closure(tmp_path: Path) -> None:
@@ -290,7 +278,7 @@ def test_chain_cut_at_max_depth_keeps_only_what_the_newest_needs(tmp_path: Path)
         assert cut == MAX_DEPTH + 1
         last = takes[-1]
         st.append("r", "Checkpoint", checkpoint_body(len(takes), last))
-        state = tree_state(work)
+        state = restorable(work)
     r = gc_json(store)
     assert r["removed"]["blobs"] == cut  # the manifests before the cut: no file blob
     left = blob_shas(store)
@@ -298,7 +286,7 @@ def test_chain_cut_at_max_depth_keeps_only_what_the_newest_needs(tmp_path: Path)
     assert {t.ref.sha256 for t in takes[cut:]} <= left
     blobs = BlobStore(store / "blobs")
     restore_tree(blobs, load_manifest(blobs, last.ref).trees[str(work)], tmp_path / "out")
-    assert tree_state(tmp_path / "out") == state
+    assert restorable(tmp_path / "out") == state
 
 
 @pytest.mark.parametrize("what", ["missing", "not a store", "a file"])

@@ -5,13 +5,13 @@ modes, link targets, empty directories, mtimes)."""
 from __future__ import annotations
 
 import os
-import stat
 import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from trees import tree
 
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.errors import BadInput
@@ -27,25 +27,6 @@ from stenograph.recorder.snapshots import (
 )
 
 NAMES = ["a", "b", "c.txt", "d", "sub"]
-
-
-def tree_state(root: Path) -> dict[str, tuple[object, ...]]:
-    """What a restore must reproduce, read straight from the filesystem."""
-    out: dict[str, tuple[object, ...]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*dirnames, *filenames]:
-            p = Path(dirpath, name)
-            rel = str(p.relative_to(root))
-            st_ = p.lstat()
-            if stat.S_ISLNK(st_.st_mode):
-                out[rel] = ("l", os.readlink(p), st_.st_mtime_ns)
-            elif stat.S_ISDIR(st_.st_mode):
-                out[rel] = ("d", stat.S_IMODE(st_.st_mode), st_.st_mtime_ns)
-            else:
-                out[rel] = ("f", stat.S_IMODE(st_.st_mode), st_.st_mtime_ns, p.read_bytes())
-    top = root.lstat()
-    out[""] = ("d", stat.S_IMODE(top.st_mode), top.st_mtime_ns)
-    return out
 
 
 edit = st.tuples(
@@ -108,13 +89,13 @@ def test_every_snapshot_restores_the_tree_it_saw(rounds: list[list[tuple]]) -> N
                 apply(work, *e)
             os.utime(work, ns=(1_600_000_000_000_000_001, 1_600_000_000_000_000_001))
             t = snap.take()
-            taken.append((t.ref, tree_state(work), t.full))
+            taken.append((t.ref, tree(work), t.full))
         assert taken[0][2] and (len(taken) == 1 or not taken[1][2])  # then deltas
         for i, (ref, expected, _full) in enumerate(taken):
             m = load_manifest(blobs, ref)
             dest = Path(tmp, f"restored{i}")
             restore_tree(blobs, m.trees[str(work)], dest)
-            assert tree_state(dest) == expected, f"snapshot {i}"
+            assert tree(dest) == expected, f"snapshot {i}"
             # everything the snapshot needs is in its closure
             names = {r.sha256 for r in closure(blobs, ref)}
             files = {e.sha256 for e in m.trees[str(work)].values() if e.kind == "f"}

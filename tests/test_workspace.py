@@ -18,13 +18,13 @@ import os
 import random
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from trees import tree
 
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.reader import StoreReader
@@ -41,26 +41,6 @@ def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STENO_", "OPENAI_"))}
     env.update(extra)
     return env
-
-
-def tree(root: Path, *, times: bool = True) -> dict[str, tuple[object, ...]]:
-    """Everything a restore must reproduce: type, bytes or target, mode, mtime."""
-    out: dict[str, tuple[object, ...]] = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in [*dirs, *files]:
-            p = Path(dirpath, name)
-            st = p.lstat()
-            t = st.st_mtime_ns if times else 0
-            if stat.S_ISLNK(st.st_mode):
-                out[str(p.relative_to(root))] = ("l", os.readlink(p), t)
-            elif stat.S_ISDIR(st.st_mode):
-                out[str(p.relative_to(root))] = ("d", stat.S_IMODE(st.st_mode), t)
-            else:
-                out[str(p.relative_to(root))] = ("f", stat.S_IMODE(st.st_mode), t,
-                                                 p.read_bytes())
-    st = root.lstat()
-    out["."] = ("d", stat.S_IMODE(st.st_mode), st.st_mtime_ns if times else 0)
-    return out
 
 
 @pytest.fixture()
