@@ -40,6 +40,22 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
 
 
+def _record_with_service(tmp: Path, store: Path, program: str, name: str,
+                         on_effect: Any) -> tuple[subprocess.CompletedProcess[str],
+                                                  dict[str, Any]]:
+    """Record ``program`` (given the service's URL) into ``store`` as trajectory ``t``,
+    output ``name.steno``, against an effect service calling ``on_effect``."""
+    prog = tmp / f"{name}.py"
+    prog.write_text(program)
+    with EffectService() as svc:
+        svc.on_effect = on_effect
+        rec = subprocess.run([*CLI, "record", "--store", str(store), "--traj", "t", "-o",
+                              str(tmp / f"{name}.steno"), "--", sys.executable, str(prog),
+                              svc.url], cwd=tmp, env=_env(), capture_output=True,
+                             text=True, timeout=120)
+        return rec, svc.stats()
+
+
 def test_every_effect_is_durable_before_it_is_sent(tmp_path: Path) -> None:
     store, seen = tmp_path / "store", []
 
@@ -53,16 +69,8 @@ def test_every_effect_is_durable_before_it_is_sent(tmp_path: Path) -> None:
                                    default=-1),
                      "fence": headers.get("Stenograph-Fencing-Token")})
 
-    prog = tmp_path / "effects.py"
-    prog.write_text(PROGRAM)
-    with EffectService() as svc:
-        svc.on_effect = at_dispatch
-        rec = subprocess.run([*CLI, "record", "--store", str(store), "--traj", "t", "-o",
-                              str(tmp_path / "e.steno"), "--", sys.executable, str(prog),
-                              svc.url], cwd=tmp_path, env=_env(), capture_output=True,
-                             text=True, timeout=120)
-        assert rec.returncode == 0, rec.stderr
-        counts = svc.stats()
+    rec, counts = _record_with_service(tmp_path, store, PROGRAM, "e", at_dispatch)
+    assert rec.returncode == 0, rec.stderr
     assert counts["payments"] == 2 and counts["servers"] == 1
     assert [s["path"] for s in seen] == ["/payments", "/servers", "/payments"]
     for s in seen:
@@ -215,14 +223,7 @@ def test_a_declared_effect_tool_is_durable_before_it_runs(tmp_path: Path) -> Non
         on_disk = [e for e in StoreReader(store).events(traj="t") if e.kind == "ToolIntent"]
         seen.append((key, [e.body.get("idempotency_key") for e in on_disk]))
 
-    prog = tmp_path / "tools.py"
-    prog.write_text(TOOL_PROGRAM)
-    with EffectService() as svc:
-        svc.on_effect = at_dispatch
-        rec = subprocess.run([*CLI, "record", "--store", str(store), "--traj", "t", "-o",
-                              str(tmp_path / "t.steno"), "--", sys.executable, str(prog),
-                              svc.url], cwd=tmp_path, env=_env(), capture_output=True,
-                             text=True, timeout=120)
+    rec, _counts = _record_with_service(tmp_path, store, TOOL_PROGRAM, "t", at_dispatch)
     assert rec.returncode == 0, rec.stderr
     assert rec.stdout.strip() == "pay_1 found x pay_2"
     assert seen == [("pay-carol-3", ["pay-carol-3"]),
