@@ -9,7 +9,6 @@ effect as ``settled`` or ``in-doubt`` (``recorder/effects.py``).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
@@ -18,30 +17,14 @@ from stenograph.cli_checks import traj_id
 from stenograph.recorder.effects import TrajectoryState, fold
 from stenograph.recorder.errors import BadInput
 from stenograph.recorder.reader import StoreReader
-
-
-def _writer_alive(store: Path) -> bool:
-    """Whether some process holds the store's lock now."""
-    import fcntl
-
-    try:
-        fd = os.open(store / "LOCK", os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+from stenograph.recorder.store import writer_holds
 
 
 def states(store: Path, traj: str | None = None) -> list[TrajectoryState]:
     if not (store / "wal").is_dir():
         raise BadInput("not a store (no wal/ directory)", str(store))
     reader = StoreReader(store)
-    alive = _writer_alive(store)
+    alive = writer_holds(store)
     by_traj: dict[str, list] = {}
     for ev in reader.events(traj=traj):
         by_traj.setdefault(ev.traj, []).append(ev)

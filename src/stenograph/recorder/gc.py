@@ -30,7 +30,6 @@ Delta chains need no compaction here: the snapshotter cuts a chain at
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import stat
 import time
@@ -46,11 +45,11 @@ from stenograph.recorder.errors import (
     BadInput,
     CorruptLog,
     StenographError,
-    StoreLocked,
     WriteFailed,
 )
 from stenograph.recorder.reader import StoreReader, TornTail, check_store
 from stenograph.recorder.snapshots import _unpack
+from stenograph.recorder.store import take_lock
 
 TEMP_AGE = 3600.0
 """A temporary file in ``blobs/`` older than this (seconds) was left by a dead writer."""
@@ -121,22 +120,11 @@ def _lock(path: Path, dry_run: bool) -> int | None:
     """Hold the store's writer lock (``StoreLocked`` if a writer has it). A dry run takes
     it without writing its pid (it changes nothing); a store never opened by a writer has
     no ``LOCK`` yet, and a dry run does not make one."""
-    lock = path / "LOCK"
-    if dry_run and not lock.exists():
+    if dry_run and not (path / "LOCK").exists():
         return None
-    fd = os.open(lock, os.O_RDONLY if dry_run else os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise StoreLocked(f"store is locked by a writer (pid {holder}); gc does not run "
-                          "beside a live recording: run it once the writer has ended",
-                          str(path)) from None
-    if not dry_run:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    return take_lock(path, record_pid=not dry_run,
+                     refusal="store is locked by a writer (pid {pid}); gc does not run "
+                     "beside a live recording: run it once the writer has ended")
 
 
 def _live(path: Path, blobs: BlobStore, report: GcReport) -> set[str]:

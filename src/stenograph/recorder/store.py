@@ -173,7 +173,7 @@ class Store:
             init_store(self.path)
             made = True
         try:
-            self._lock_fd = _take_lock(self.path)
+            self._lock_fd = take_lock(self.path)
         except OSError as exc:
             if made:
                 _unmake(self.path, existed)
@@ -473,14 +473,35 @@ class Store:
         self._spare.start()
 
 
-def _take_lock(path: Path) -> int:
-    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+def take_lock(path: Path, *, record_pid: bool = True,
+              refusal: str = "store is locked by another writer (pid {pid})") -> int:
+    """Hold the store's writer lock (``StoreLocked``, naming the holder's pid, if a
+    writer has it); with ``record_pid`` write this process's pid in it, as a writer
+    does. The caller closes the fd to let go."""
+    fd = os.open(path / "LOCK", os.O_RDWR | os.O_CREAT if record_pid else os.O_RDONLY,
+                 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise StoreLocked(f"store is locked by another writer (pid {holder})", str(path)) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        raise StoreLocked(refusal.format(pid=holder), str(path)) from None
+    if record_pid:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def writer_holds(path: Path) -> bool:
+    """Whether a writer holds the store now (read-only: no ``LOCK`` is made)."""
+    try:
+        fd = os.open(path / "LOCK", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
