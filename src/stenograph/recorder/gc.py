@@ -48,7 +48,7 @@ from stenograph.recorder.errors import (
     WriteFailed,
 )
 from stenograph.recorder.reader import StoreReader, TornTail, check_store
-from stenograph.recorder.snapshots import _unpack
+from stenograph.recorder.snapshots import unpack_manifest
 from stenograph.recorder.store import take_lock
 
 TEMP_AGE = 3600.0
@@ -157,7 +157,7 @@ def _closure(blobs: BlobStore, snap: dict[str, Any], live: set[str], walked: set
         walked.add(sha)
         live.add(sha)
         try:
-            obj = _unpack(blobs.get(sha))
+            obj = unpack_manifest(blobs.get(sha))
         except StenographError as exc:
             what = exc.what if isinstance(exc, CorruptLog) else str(exc)
             raise CorruptLog(

@@ -370,7 +370,9 @@ def pack_delta(base: Manifest, m: Manifest, base_ref: BlobRef, depth: int) -> by
 # ----------------------------------------------------------------------------- reading
 
 
-def _unpack(data: bytes) -> dict[str, Any]:
+def unpack_manifest(data: bytes) -> dict[str, Any]:
+    """One manifest blob's map, checked for its version, kind and roots (``CorruptLog``
+    otherwise): what a reader of a single manifest (``gc``) needs without the chain."""
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=0)
     except Exception as exc:
@@ -393,7 +395,7 @@ def _chain(blobs: BlobStore | MapBlobs, ref: BlobRef) -> list[dict[str, Any]]:
     while cur is not None:
         if len(out) > 4 * MAX_DEPTH:
             raise CorruptLog("manifest delta chain too long", "manifest", 0)
-        obj = _unpack(blobs.get(cur))
+        obj = unpack_manifest(blobs.get(cur))
         out.append(obj)
         if obj["kind"] == "full":
             return out
@@ -430,7 +432,7 @@ def closure(blobs: BlobStore | MapBlobs, ref: BlobRef) -> list[BlobRef]:
     cur: BlobRef | None = ref
     while cur is not None:
         out[cur.sha256] = cur
-        obj = _unpack(blobs.get(cur))
+        obj = unpack_manifest(blobs.get(cur))
         for r in blob_refs({k: v for k, v in obj.items() if k != "base"}):
             out.setdefault(r.sha256, r)
         base = obj.get("base") if obj["kind"] == "delta" else None
