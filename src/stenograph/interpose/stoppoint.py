@@ -29,14 +29,13 @@ def parse(spec: str | None) -> tuple[str, int] | None:
 
 def stop_here(tape_dir: str, shim: Any) -> None:
     """Snapshot the workspace into ``tape_dir/stop`` and end the process."""
+    from stenograph.interpose.workspace import recorded_rules
     from stenograph.recorder.blobs import BlobStore
-    from stenograph.recorder.snapshots import IgnoreRules, Snapshotter
+    from stenograph.recorder.snapshots import Snapshotter
 
     stop = Path(tape_dir) / "stop"
     with shim.paused():
-        spec = json.loads((stop / "spec.json").read_text())
-        rules = {r["path"]: IgnoreRules(tuple(r["ignore"]), tuple(r["exclude"]))
-                 for r in spec["roots"]}
+        rules = recorded_rules({"workspace": json.loads((stop / "spec.json").read_text())})
         taken = Snapshotter(BlobStore(stop / "blobs"), list(rules), rules).take()
         (stop / "manifest.json").write_text(json.dumps(taken.ref.to_body()))
     os._exit(STOP_EXIT)
