@@ -38,6 +38,40 @@ static inline void rec_clock(tls_t *t, int op, const clockrec_t *r) {
  * once (or never) and change how often the program reads its clocks. */
 static int64_t g_served_ns[16];
 
+/* Resume: once the recorded prefix has been served and the process goes live, a clock
+ * whose live value is behind the last one served (another boot, another machine) is
+ * shifted forward by the difference, so the program never sees time run backwards; the
+ * shifted values are what is taped. Absolute deadlines the program then computes are in
+ * shifted time and are shifted back before they reach the kernel (clock_unshift). */
+static int g_clock_shift;
+static int64_t g_shift_ns[16];
+
+static void clock_go_live(void) {
+    for (int id = 0; id < 16; id++) {
+        struct timespec now;
+        if (!g_served_ns[id] || id == CLOCK_THREAD_CPUTIME_ID) continue;
+        if (is_err(RS2(SYS_clock_gettime, id, &now))) continue;
+        int64_t behind = g_served_ns[id] - (now.tv_sec * 1000000000LL + now.tv_nsec);
+        if (behind > 0) { g_shift_ns[id] = behind + 1000; g_clock_shift = 1; }
+    }
+}
+
+static inline void clock_shift(int id, struct timespec *ts) {
+    if ((unsigned)id >= 16 || !g_shift_ns[id]) return;
+    int64_t v = ts->tv_sec * 1000000000LL + ts->tv_nsec + g_shift_ns[id];
+    ts->tv_sec = v / 1000000000LL;
+    ts->tv_nsec = v % 1000000000LL;
+}
+
+static const struct timespec *clock_unshift(int id, const struct timespec *abs,
+                                            struct timespec *out) {
+    if ((unsigned)id >= 16 || !g_shift_ns[id]) return abs;
+    int64_t v = abs->tv_sec * 1000000000LL + abs->tv_nsec - g_shift_ns[id];
+    out->tv_sec = v / 1000000000LL;
+    out->tv_nsec = v % 1000000000LL;
+    return out;
+}
+
 /* Bookkeeping reads: clock reads made inside an interpreter's own deadline helpers, whose
  * value only ever becomes the deadline of a wait the shim itself wraps (whose outcome is
  * on the tape) or is subtracted from another such read. CPython 3.11 reads CLOCK_MONOTONIC
@@ -100,9 +134,10 @@ static inline int clock_gettime_at(uintptr_t ra, clockid_t id, struct timespec *
             if ((unsigned)id < 16) g_served_ns[id] = r.a * 1000000000LL + r.b;
             return 0;
         }
-        return real_clock_gettime(id, ts);
+        if (!WENT_LIVE()) return real_clock_gettime(id, ts);
     }
     int rc = real_clock_gettime(id, ts);
+    if (UNLIKELY(g_clock_shift) && !rc) clock_shift(id, ts);
     clockrec_t r = {arg, rc ? -errno : 0, rc ? 0 : ts->tv_sec, rc ? 0 : ts->tv_nsec};
     rec_clock(t, OP_CLOCK_GETTIME, &r);
     return rc;
@@ -154,9 +189,16 @@ EXPORT int gettimeofday(struct timeval *tv, void *tz) {
         if (rc) { errno = -rc; return -1; }
         tv->tv_sec = a;
         tv->tv_usec = b;
+        g_served_ns[CLOCK_REALTIME] = a * 1000000000LL + b * 1000;
         return 0;
     }
     int r = real_gettimeofday(tv, tz);
+    if (UNLIKELY(g_clock_shift) && !r) {
+        struct timespec ts = {tv->tv_sec, tv->tv_usec * 1000};
+        clock_shift(CLOCK_REALTIME, &ts);
+        tv->tv_sec = ts.tv_sec;
+        tv->tv_usec = ts.tv_nsec / 1000;
+    }
     if (g_mode == MODE_RECORD) clock_rec(CALL_SITE(), OP_GETTIMEOFDAY, 0, r ? -errno : 0, tv->tv_sec, tv->tv_usec);
     return r;
 }
@@ -169,9 +211,16 @@ EXPORT time_t time(time_t *out) {
     clock_other(CALL_SITE(), OP_TIME, 0, &a, &b, &served);
     if (served) {
         if (out) *out = (time_t)a;
+        g_served_ns[CLOCK_REALTIME] = a * 1000000000LL;
         return (time_t)a;
     }
     time_t v = real_time(out);
+    if (UNLIKELY(g_clock_shift)) {
+        struct timespec ts = {v, 0};
+        clock_shift(CLOCK_REALTIME, &ts);
+        v = ts.tv_sec;
+        if (out) *out = v;
+    }
     if (g_mode == MODE_RECORD) clock_rec(CALL_SITE(), OP_TIME, 0, 0, v, 0);
     return v;
 }
@@ -187,6 +236,7 @@ EXPORT int timespec_get(struct timespec *ts, int base) {
         return rc;
     }
     int r = real_timespec_get(ts, base);
+    if (UNLIKELY(g_clock_shift) && r == TIME_UTC) clock_shift(CLOCK_REALTIME, ts);
     if (g_mode == MODE_RECORD) clock_rec(CALL_SITE(), OP_TIMESPEC_GET, base, r, r ? ts->tv_sec : 0, r ? ts->tv_nsec : 0);
     return r;
 }

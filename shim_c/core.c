@@ -363,15 +363,23 @@ static void die_as_recorded(int sig) {
     RS2(SYS_kill, RS0(SYS_getpid), sig);
 }
 
-static void await_kill(void) {
+/* Did this process's recording end through exit (TAPE/<proc>/exited)? (No directory for
+ * the process at all: killed before it shipped a record.) */
+static int recorded_exit(void) {
     char path[1400];
     char *p = s_put(path, path + sizeof path - 1, g_tape);
     p = s_put(p, path + sizeof path - 1, "/");
     p = s_put(p, path + sizeof path - 1, g_proc);
     p = s_put(p, path + sizeof path - 1, "/exited");
     *p = 0;
-    struct stat st; /* (no directory for the process at all: killed before it shipped a record) */
-    if (!is_err(RS4(SYS_newfstatat, AT_FDCWD, path, &st, 0))) return;
+    struct stat st;
+    return !is_err(RS4(SYS_newfstatat, AT_FDCWD, path, &st, 0));
+}
+
+static void resume_park(tls_t *t); /* live.c: the end of a resumed prefix */
+
+static void await_kill(void) {
+    if (recorded_exit()) return;
     int sig = killed_signal();
     if (sig) die_as_recorded(sig);
     /* with every signal unblocked: the recorded one landed before this point, which the
@@ -462,6 +470,11 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
             inshim_leave();
             return rh + 8;
         }
+    }
+    if (!rh && g_resume && ch != CH_SIGNAL && !recorded_exit()) {
+        inshim_leave();
+        resume_park(t); /* returns live, or still replaying (lenient) */
+        return NULL;
     }
     if (!rh && !g_lenient) await_kill();
     report("divergence", t, ch, rh, op, args, argn, site);

@@ -156,7 +156,7 @@ static DIR *listing_replay(tls_t *t, const char *path, DIR *live, int live_err) 
     memcpy(args, &pl, 2); memcpy(args + 2, path, pl);
     uint32_t n;
     const unsigned char *p = serve(t, CH_DIRENTS, OP_OPENDIR, args, 2u + pl, &n);
-    if (!p) return (DIR *)-1; /* lenient: live */
+    if (!p) return (DIR *)-1; /* lenient, or gone live (resume): the caller opens it live */
     const unsigned char *q = p + 2 + pl;
     int32_t err; uint32_t count;
     memcpy(&err, q, 4); memcpy(&count, q + 4, 4); q += 8;

@@ -25,7 +25,7 @@ static uint32_t g_pm_n;
 static int g_pm_lock;
 
 static void pid_learn(pid_t rec, pid_t live) {
-    if (g_mode != MODE_REPLAY || rec <= 0 || live <= 0) return;
+    if (!g_virt || rec <= 0 || live <= 0) return;
     spin_lock(&g_pm_lock);
     uint32_t n = g_pm_n;
     if (!(n && g_pm_rec[(n - 1) % PIDMAP] == rec && g_pm_live[(n - 1) % PIDMAP] == live)) {
@@ -49,7 +49,7 @@ static pid_t pid_live1(pid_t p) { /* p > 0, recorded numbering */
 /* A pid (or -pgid) the program passes to the kernel: recorded -> live. 0 and -1 keep
  * their meaning (own group, every process). */
 static pid_t pid_live(pid_t p) {
-    if (g_mode != MODE_REPLAY) return p;
+    if (!g_virt) return p;
     if (p > 0) return pid_live1(p);
     if (p < -1) return -pid_live1(-p);
     return p;
@@ -57,7 +57,7 @@ static pid_t pid_live(pid_t p) {
 
 /* A pid the kernel returned that the tape did not serve (paused calls): live -> recorded. */
 static pid_t pid_rec(pid_t live) {
-    if (g_mode != MODE_REPLAY || live <= 0) return live;
+    if (!g_virt || live <= 0) return live;
     if (g_vpid && live == (pid_t)RS0(SYS_getpid)) return g_vpid;
     uint32_t n = __atomic_load_n(&g_pm_n, __ATOMIC_ACQUIRE);
     uint32_t lo = n > PIDMAP ? n - PIDMAP : 0;
@@ -78,8 +78,9 @@ static int32_t ident(int op, int32_t live) {
             if (op == OP_GETTID) pid_learn(v, live);
             return v;
         }
-        return live;
+        if (!WENT_LIVE()) return live;
     }
+    live = pid_rec(live); /* gone live after a resumed prefix: the pids it served stay */
     rec(t, CH_IDENTITY, op, &live, 4);
     return live;
 }
@@ -93,6 +94,7 @@ static void procinfo(void) {
     T.guard++;
     procrec_t v = {(int32_t)RS0(SYS_getpid), (int32_t)RS0(SYS_getppid)};
     if (g_mode == MODE_RECORD) {
+        if (g_virt && g_vppid) v.ppid = g_vppid; /* a child forked after a resume went live */
         rec(t, CH_IDENTITY, OP_PROCINFO, &v, sizeof v);
     } else if (g_mode == MODE_REPLAY) {
         stream_t *s = &t->st[CH_IDENTITY];
@@ -111,7 +113,7 @@ static void procinfo(void) {
 }
 
 static pid_t virtual_pid(pid_t cached, pid_t live) {
-    return g_mode == MODE_REPLAY && cached ? cached : live;
+    return g_virt && cached ? cached : live;
 }
 
 EXPORT pid_t getpid(void) {
@@ -148,6 +150,11 @@ static long pid_query(int op, int nr, pid_t pid) {
     if (g_mode == MODE_RECORD) { rec(t, CH_IDENTITY, op, &q, sizeof q); return r; }
     uint32_t n;
     const unsigned char *p = serve(t, CH_IDENTITY, op, &q.pid, 4, &n);
+    if (!p && WENT_LIVE()) {
+        q.result = (int32_t)(is_err(r) ? r : pid_rec((pid_t)r));
+        rec(t, CH_IDENTITY, op, &q, sizeof q);
+        return q.result;
+    }
     if (!p) return is_err(r) ? r : pid_rec((pid_t)r);
     memcpy(&q, p, sizeof q);
     if (q.result > 0 && !is_err(r)) pid_learn(q.result, (pid_t)r);
@@ -238,7 +245,7 @@ EXPORT int gethostname(char *name, size_t len) {
             memcpy(name, p + sizeof h, h.n);
             return 0;
         }
-        return real_gethostname(name, len);
+        if (!WENT_LIVE()) return real_gethostname(name, len);
     }
     int r = real_gethostname(name, len);
     hostrec_t h = {size, r ? -errno : 0, 0};
@@ -261,7 +268,7 @@ EXPORT int uname(struct utsname *u) {
             memcpy(u, p + 4, sizeof *u);
             return 0;
         }
-        return real_uname(u);
+        if (!WENT_LIVE()) return real_uname(u);
     }
     int r = real_uname(u);
     int32_t rc = r ? -errno : 0;

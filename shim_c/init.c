@@ -33,6 +33,7 @@ __attribute__((constructor)) static void shim_init(void) {
         else if (starts(v, "STENO_FILT=")) copy_env(g_filt, sizeof g_filt, v + 11);
         else if (starts(v, "STENO_DRIFT=")) g_drift = v[12] != '0';
         else {
+            if (starts(v, "STENO_RESUME=1")) g_resume = 1; /* kept for children and Python */
             size_t n = s_len(v) + 1;
             if (g_extra_len + n < sizeof g_extra) {
                 memcpy(g_extra + g_extra_len, v, n);
@@ -73,6 +74,8 @@ __attribute__((constructor)) static void shim_init(void) {
         g_py_gil_check = (int (*)(void))dlsym(RTLD_DEFAULT, "PyGILState_Check");
     }
     g_mode = m;
+    g_virt = m == MODE_REPLAY;
+    g_resume = g_resume && m == MODE_REPLAY;
     if (m != MODE_OFF) install_filters();
     g_inited = 1;
     if (m != MODE_OFF) procinfo();

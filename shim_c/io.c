@@ -97,6 +97,7 @@ static ssize_t io_read(int fd, void *buf, size_t n) {
     }
     uint32_t plen;
     const unsigned char *p = serve(t, CH_IO, OP_IO_READ, &asked, 4, &plen);
+    if (!p && WENT_LIVE()) return io_read(fd, buf, n);
     if (!p) {
         long r = RS3(SYS_read, fd, buf, n);
         if (is_err(r)) { errno = (int)-r; return -1; }
@@ -168,6 +169,7 @@ static pid_t io_wait4(pid_t pid, int *status, int options, struct rusage *ru) {
     }
     uint32_t plen;
     const unsigned char *p = serve(t, CH_IO, OP_IO_WAIT, &opt, 4, &plen);
+    if (!p && WENT_LIVE()) return io_wait4(pid_live(pid), status, options, ru);
     if (!p) {
         long r = RS4(SYS_wait4, pid_live(pid), status, options, ru);
         if (is_err(r)) { errno = (int)-r; return -1; }
@@ -195,6 +197,7 @@ static pid_t wait_blocking(pid_t pid, int *status, int options, struct rusage *r
     }
     uint32_t plen;
     const unsigned char *p = serve(t, CH_IDENTITY, OP_WAIT, &w, 8, &plen);
+    if (!p && WENT_LIVE()) return wait_blocking(pid_live(pid), status, options, ru);
     if (!p) {
         long r = RS4(SYS_wait4, pid_live(pid), status, options, ru);
         if (is_err(r)) { errno = (int)-r; return -1; }
@@ -252,6 +255,7 @@ static int waitid_taped(idtype_t idtype, id_t id, siginfo_t *info, int options) 
     }
     uint32_t plen;
     const unsigned char *p = serve(t, CH_IDENTITY, OP_WAITID, &w, 12, &plen);
+    if (!p && WENT_LIVE()) return waitid_taped(idtype, id, info, options);
     if (!p) {
         long r = RS6(SYS_waitid, idtype, lid, &si, options, NULL, 0);
         if (is_err(r)) { errno = (int)-r; return -1; }
@@ -312,6 +316,7 @@ static int io_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     }
     uint32_t plen;
     const unsigned char *p = serve(t, CH_IO, OP_IO_POLL, a, argn, &plen);
+    if (!p && WENT_LIVE()) return io_poll(fds, nfds, timeout);
     if (!p) return real_poll(fds, nfds, timeout);
     int32_t res;
     memcpy(&res, p + argn, 4);

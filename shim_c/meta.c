@@ -169,6 +169,7 @@ static int meta_call(int op, int dirfd, const char *path, void *buf, int flags, 
     t_soft = 1; /* a divergence here is reported; the process goes on, metadata live */
     const unsigned char *p = serve(t, CH_META, op, a, argn, &n);
     t_soft = 0;
+    if (!p && WENT_LIVE()) return meta_call(op, dirfd, path, buf, flags, mask);
     if (!p || n < argn + sizeof(metares_t))
         return (int)sys_ret_l(meta_live(op, dirfd, path, buf, flags, mask));
     metares_t m;

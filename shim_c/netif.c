@@ -58,7 +58,7 @@ static int netif_ioctl(int fd, unsigned long req, void *arg) {
             }
             return r.rc;
         }
-        return (int)sys_ret(RS3(SYS_ioctl, fd, req, arg));
+        if (!WENT_LIVE()) return (int)sys_ret(RS3(SYS_ioctl, fd, req, arg));
     }
     long r = RS3(SYS_ioctl, fd, req, arg);
     h.rc = (int32_t)r;

@@ -11,7 +11,9 @@ static void child_path(char *out, size_t cap, uint32_t idx) {
 /* After fork: a new process path, thread 0, empty buffers, own connection, fresh streams. */
 static void after_fork_child(uint32_t idx) {
     char np[256];
-    g_vpid = g_vppid = 0;
+    pid_t parent = g_vpid;
+    g_vpid = 0;
+    g_vppid = g_virt && g_mode == MODE_RECORD ? parent : 0; /* resumed, gone live */
     g_pm_lock = 0; /* the pid map stays: siblings' pids keep their live values */
     T.guard++;
     child_path(np, sizeof np, idx);
@@ -83,6 +85,7 @@ static long child_pid(tls_t *t, int op, long live, int *rcp) {
             if (op == OP_FORK && r[1] < 0) { errno = -r[1]; return -1; }
             return r[1];
         }
+        if (WENT_LIVE()) rec(t, CH_IDENTITY, op, res, len);
     }
     if (op == OP_FORK && live < 0) { errno = (int)-live; return -1; }
     return live;
@@ -126,8 +129,8 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
     else if (preload && *preload) ADD("LD_PRELOAD=", g_shim, ":", preload);
     else ADD("LD_PRELOAD=", g_shim);
     ADD("STENO_MODE=", g_mode == MODE_RECORD ? "record" : "replay");
-    if (g_mode == MODE_RECORD) ADD("STENO_SOCK=", g_sockpath);
-    else ADD("STENO_TAPE=", g_tape);
+    if (g_mode == MODE_RECORD || g_resume) ADD("STENO_SOCK=", g_sockpath);
+    if (g_mode == MODE_REPLAY) ADD("STENO_TAPE=", g_tape);
     ADD("STENO_PROC=", proc);
     char nb[48];
     char *p = u_put(nb, nb + 47, tbase);

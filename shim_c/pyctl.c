@@ -24,8 +24,8 @@ EXPORT const char *steno_getenv(const char *name) {
     if (!name || !g_mode) return NULL;
     if (!strcmp(name, "STENO_MODE")) return g_mode == MODE_RECORD ? "record" : "replay";
     if (!strcmp(name, "STENO_PROC")) return g_proc;
-    if (!strcmp(name, "STENO_TAPE")) return g_mode == MODE_REPLAY ? g_tape : NULL;
-    if (!strcmp(name, "STENO_SOCK")) return g_mode == MODE_RECORD ? g_sockpath : NULL;
+    if (!strcmp(name, "STENO_TAPE")) return g_mode == MODE_REPLAY || g_resume ? g_tape : NULL;
+    if (!strcmp(name, "STENO_SOCK")) return g_mode == MODE_RECORD || g_resume ? g_sockpath : NULL;
     if (!strcmp(name, "STENO_LENIENT")) return g_lenient ? "1" : NULL;
     size_t n = s_len(name);
     for (size_t at = 0; at < g_extra_len; at += s_len(g_extra + at) + 1) {

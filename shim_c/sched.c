@@ -195,11 +195,18 @@ static int64_t take_record(tls_t *t, int op) {
     }
 }
 
+/* take_replay's answer when a resume went live while this thread waited for a recorded
+ * grant: the caller goes on as record does from there (sched_take records the grant; a
+ * wait between threads retries, and a condition or futex wait ends as the spurious
+ * wake-up POSIX allows). */
+#define SCHED_WENT_LIVE (INT32_MIN + 1)
+
 /* Replay: take the baton at this thread's next recorded grant, which must be for `op`;
  * return the recorded outcome. */
 static int32_t take_replay(tls_t *t, int op) {
     uint32_t n;
     const unsigned char *p = serve(t, CH_SCHED, op, NULL, 0, &n);
+    if (!p && WENT_LIVE()) return SCHED_WENT_LIVE;
     if (!p || n < sizeof(schedrec_t)) return 0; /* lenient: run on unscheduled */
     schedrec_t r;
     memcpy(&r, p, sizeof r);
@@ -215,6 +222,7 @@ static int32_t take_replay(tls_t *t, int op) {
     for (;;) {
         uint64_t st = __atomic_load_n(&S.state, __ATOMIC_ACQUIRE);
         if (S.broken) return r.result;
+        if (UNLIKELY(WENT_LIVE())) return SCHED_WENT_LIVE;
         if ((uint32_t)st == 0 && (uint32_t)(st >> 32) == r.grant) {
             uint64_t nst = ((uint64_t)(r.grant + 1) << 32) | (t->tindex + 1);
             if (__atomic_compare_exchange_n(&S.state, &st, nst, 0, __ATOMIC_ACQ_REL,
@@ -249,7 +257,10 @@ static int32_t take_replay(tls_t *t, int op) {
 /* Take the baton after a blocking call whose outcome was `result` (record), or at the
  * recorded grant (replay, which returns the recorded outcome). */
 static int32_t sched_take(tls_t *t, int op, int32_t result) {
-    if (g_mode == MODE_REPLAY) return take_replay(t, op);
+    if (g_mode == MODE_REPLAY) {
+        int32_t r = take_replay(t, op);
+        if (r != SCHED_WENT_LIVE) return r;
+    }
     int64_t g = take_record(t, op);
     if (g >= 0) {
         schedrec_t r = {(uint32_t)g, result};
@@ -312,6 +323,20 @@ static int sched_wait_for(tls_t *t, int op, void *obj, try_fn try, const struct 
             continue;
         }
         int32_t want = take_replay(t, op);
+        if (want == SCHED_WENT_LIVE) { /* a resume went live: on as record does */
+            recording = 1;
+            __atomic_add_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
+            int64_t g = take_record(t, op);
+            if (g < 0) {
+                __atomic_sub_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
+                return SCHED_REAL;
+            }
+            e = __atomic_load_n(&b->epoch, __ATOMIC_SEQ_CST);
+            r = try(obj);
+            schedrec_t sr = {(uint32_t)g, r};
+            rec(t, CH_SCHED, op, &sr, sizeof sr);
+            continue;
+        }
         if (S.broken) return SCHED_REAL;
         if (want == ETIMEDOUT) return ETIMEDOUT;
         r = try(obj);
@@ -409,6 +434,7 @@ static int cond_gated(pthread_cond_t *c, pthread_mutex_t *m, const struct timesp
         sched_take(t, OP_SCHED_COND, res);
     } else {
         res = take_replay(t, OP_SCHED_COND);
+        if (res == SCHED_WENT_LIVE) res = sched_take(t, OP_SCHED_COND, 0);
     }
     int r = sched_here() ? mutex_gated(m, NULL, 0) : pthread_mutex_lock(m);
     return r ? r : res;
@@ -537,6 +563,7 @@ static long sched_futex(long a, long b, long c, long d, long e, long f) {
         sched_take(&T, OP_SCHED_FUTEX, (int32_t)r);
     } else {
         r = take_replay(&T, OP_SCHED_FUTEX);
+        if (r == SCHED_WENT_LIVE) r = sched_take(&T, OP_SCHED_FUTEX, 0);
     }
     return r;
 }

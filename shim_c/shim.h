@@ -106,6 +106,13 @@ static int g_barrier_lock;
 static int g_reports;
 static int g_nonet;
 static int g_drift = 1; /* STENO_DRIFT=0: replay does not read live directories to check drift */
+/* STENO_RESUME=1 (stenograph resume): replay the recorded prefix, then go live (live.c).
+ * g_virt: the pids the program sees are the recorded ones (replay, and after going live). */
+static int g_resume;
+static int g_virt;
+/* After a replay call found nothing to serve: did the process just go live (resume)? The
+ * wrapper then makes the call as record does, and tapes it. */
+#define WENT_LIVE() (UNLIKELY(g_mode == MODE_RECORD))
 /* Seccomp filters already on this process tree (inherited across fork and exec, never
  * removable): "n" once the network rule is in, "t<lo>-<hi>" per trapped text range.
  * Travels to exec'd / spawned children as STENO_FILT. */

@@ -35,6 +35,7 @@
 #include "threads.c"  /* pthread_create, thread indices, thread-exit flush */
 #include "netif.c"    /* identity: the host's network interfaces (SIOCGIF* ioctls) */
 #include "signals.c"  /* channel signal: handlers run where the recording ran them */
+#include "live.c"     /* resume: the recorded prefix, then live */
 #include "seccomp.c"  /* BPF filter: raw getrandom trap, replay network refusal */
 #include "init.c"     /* constructor / destructor, environment, final flush */
 #include "proc.c"     /* fork, exec*, posix_spawn, system, popen, _exit */

@@ -64,7 +64,8 @@ static int clock_nanosleep_taped(clockid_t clk, int flags, const struct timespec
             return s.rc;
         }
     }
-    struct timespec r2 = {0, 0};
+    struct timespec r2 = {0, 0}, shifted;
+    if (UNLIKELY(g_clock_shift) && (flags & TIMER_ABSTIME)) req = clock_unshift(clk, req, &shifted);
     long r = RS4(SYS_clock_nanosleep, clk, flags, req, &r2);
     if (rem && r == -EINTR && !(flags & TIMER_ABSTIME)) *rem = r2;
     if (g_mode == MODE_RECORD) {
@@ -151,7 +152,7 @@ static int poll_taped(struct pollfd *fds, nfds_t nfds, int timeout) {
             for (nfds_t i = 0; i < nfds; i++) fds[i].revents = 0;
             return 0;
         }
-        return real_poll(fds, nfds, timeout);
+        if (!WENT_LIVE()) return real_poll(fds, nfds, timeout);
     }
     int r = real_poll(fds, nfds, timeout);
     int e = errno;
@@ -176,7 +177,7 @@ static int select_taped(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeva
             tv->tv_sec = 0; tv->tv_usec = 0;
             return 0;
         }
-        return real_select(nfds, r, w, x, tv);
+        if (!WENT_LIVE()) return real_select(nfds, r, w, x, tv);
     }
     int rc = real_select(nfds, r, w, x, tv);
     int e = errno;
@@ -195,7 +196,7 @@ static int epoll_wait_taped(int ep, struct epoll_event *ev, int max, int timeout
     epollargs_t args = {timeout, max};
     if (g_mode == MODE_REPLAY) {
         if (wait_served(t, OP_EPOLL, &args, sizeof args)) return 0;
-        return real_epoll_wait(ep, ev, max, timeout);
+        if (!WENT_LIVE()) return real_epoll_wait(ep, ev, max, timeout);
     }
     int r = real_epoll_wait(ep, ev, max, timeout);
     int e = errno;
@@ -214,7 +215,7 @@ static int epoll_pwait_taped(int ep, struct epoll_event *ev, int max, int timeou
     epollargs_t args = {timeout, max};
     if (g_mode == MODE_REPLAY) {
         if (wait_served(t, OP_EPOLL, &args, sizeof args)) return 0;
-        return real_epoll_pwait(ep, ev, max, timeout, ss);
+        if (!WENT_LIVE()) return real_epoll_pwait(ep, ev, max, timeout, ss);
     }
     int r = real_epoll_pwait(ep, ev, max, timeout, ss);
     int e = errno;
@@ -228,6 +229,9 @@ EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, con
 
 static const struct timespec *translate_deadline(int clk, const struct timespec *abs,
                                                  struct timespec *out) {
+    if (g_mode == MODE_RECORD && g_clock_shift && abs && !T.guard && !gil_free() &&
+        !T.live_deadline && clk >= 0)
+        return clock_unshift(clk, abs, out); /* gone live: clocks the program reads are shifted */
     if (g_mode != MODE_REPLAY || !abs || T.guard || gil_free() || T.live_deadline) return abs;
     int64_t want = abs->tv_sec * 1000000000LL + abs->tv_nsec;
     if (clk < 0) { /* unknown clock: the one whose served value is nearest */

@@ -421,9 +421,11 @@ def _register_optional() -> None:
     main.add_command(record)
     main.add_command(replay)
     from stenograph.cli_checkpoint import checkpoint
+    from stenograph.cli_resume import resume
     from stenograph.cli_status import settle, status
 
     main.add_command(checkpoint)
+    main.add_command(resume)
     main.add_command(status)
     main.add_command(settle)
 

@@ -27,6 +27,7 @@ from stenograph.cli_checks import input_file
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.checkpoints import CheckpointInfo, checkpoints_of
 from stenograph.recorder.errors import BadInput, CorruptLog, StenographError
+from stenograph.recorder.resumes import view
 from stenograph.recorder.snapshots import Manifest, MapBlobs, Tree, load_manifest, restore_tree
 
 
@@ -54,6 +55,7 @@ def _read(file: str) -> tuple[Any, list[CheckpointInfo]]:
 
     input_file(file)
     tf = read_trajectory(file)
+    tf.events = view(tf.events)  # a resumed run: each resume's re-run edge dropped
     cps = checkpoints_of(tf.events)
     if not cps:
         raise BadInput("the recording has no workspace snapshots (recorded with "

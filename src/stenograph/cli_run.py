@@ -64,6 +64,7 @@ from stenograph.recorder.errors import (
     WriteFailed,
 )
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
+from stenograph.recorder.resumes import view
 from stenograph.recorder.snapshots import Cadence, MapBlobs, Snapshotter, load_manifest
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import (
@@ -306,6 +307,7 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             "sealed_state": snapshot_state(),  # what replay puts back (launch.Seal)
             "asyncio": asyncio_loop,
             "workspace": ws.to_body() if ws else None,
+            "tmp_names": _tmp_names(env),  # what a resume leaves visible in /tmp
         })
         # the recording is the trajectory's first lease: epoch 0, this recorder
         store.append(traj, "LeaseAcquired", {"epoch": 0, "pid": os.getpid(),
@@ -320,7 +322,8 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
         session = RecordSession(store, traj, Path(tmp) / "tape.sock")
         exchanges = ExchangeServer(store, traj, Path(tmp) / "py.sock",
                                    after_model=checkpoints.model_turn if checkpoints else None,
-                                   before_intent=_before_intent(session, checkpoints))
+                                   before_intent=_before_intent(checkpoints),
+                                   before_append=session.drain_all)
         flusher = _Flusher(store)
         tmp_before = listing(seal_roots(env))
         try:
@@ -361,14 +364,26 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
     return stats, exchanges, stalls, result
 
 
-def _before_intent(session: RecordSession, checkpoints: Checkpointer | None) -> Any:
+TMP_NAMES_MAX = 20_000
+
+
+def _tmp_names(env: dict[str, str]) -> dict[str, list[str]] | None:
+    """The names in /tmp, /var/tmp and $TMPDIR as the run starts: a resume hides what
+    appeared since (the replayed prefix makes those names again). None past
+    ``TMP_NAMES_MAX`` names: the resume then hides nothing."""
+    names = listing(seal_roots(env))
+    if sum(len(v) for v in names.values()) > TMP_NAMES_MAX:
+        return None
+    return {root: sorted(v) for root, v in names.items()}
+
+
+def _before_intent(checkpoints: Checkpointer | None) -> Any:
     """What the recorder does before an effect's intent: a checkpoint of the files the
-    effect may change (forced, whatever the cadence), and every ring of the tree
-    drained, so the intent's sync covers all that was taped before it."""
+    effect may change (forced, whatever the cadence). (Every ring of the tree is drained
+    before any entry, the intent too: its sync covers all that was taped before it.)"""
     def run() -> None:
         if checkpoints is not None:
             checkpoints.before_effect()
-        session.drain_all()
     return run
 
 
@@ -386,6 +401,7 @@ def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[
     from stenograph.recorder.trajfile import read_trajectory
 
     tf = read_trajectory(path)
+    tf.events = view(tf.events)  # a resumed run: each resume's re-run edge dropped
     started = next((e.body for e in tf.events if e.kind == "RunStarted"), None)
     ended = next((e.body for e in tf.events if e.kind == "RunEnded"), None)
     if started is None:

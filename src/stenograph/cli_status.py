@@ -17,6 +17,7 @@ from stenograph.cli_checks import traj_id
 from stenograph.recorder.effects import TrajectoryState, fold
 from stenograph.recorder.errors import BadInput
 from stenograph.recorder.reader import StoreReader
+from stenograph.recorder.resumes import view
 from stenograph.recorder.store import writer_holds
 
 
@@ -30,7 +31,7 @@ def states(store: Path, traj: str | None = None) -> list[TrajectoryState]:
         by_traj.setdefault(ev.traj, []).append(ev)
     if traj is not None and traj not in by_traj:
         raise BadInput(f"no trajectory {traj!r} in the store", str(store))
-    return [fold(t, evs, writer_alive=alive) for t, evs in sorted(by_traj.items())]
+    return [fold(t, view(evs), writer_alive=alive) for t, evs in sorted(by_traj.items())]
 
 
 @click.command("status")

@@ -109,7 +109,6 @@ class LoopTape:
 
     def __init__(self, loop: Any, tape: PyTape) -> None:
         self.loop, self.tape = loop, tape
-        self.record = tape.mode == "record"
         self.tick = 0
         self.count = 0
         self.regs: dict[int, int] = {}  # fd -> registration id (program fds)
@@ -123,6 +122,11 @@ class LoopTape:
         self.pending: list[tuple[tuple[int, int], int, asyncio.Future[None]]] = []  # a heap
         self.cancels: set[int] = set()  # futures replay cancels itself (ids)
         self.self_writes = [0, 0]  # program, plumbing writes to the self-pipe since a tick
+
+    @property
+    def record(self) -> bool:
+        """Record mode -- which a resumed run's loop enters where its tape ends."""
+        return self.tape.mode == "record"
 
     def paused(self) -> bool:
         return self.tape.shim.active()
@@ -237,6 +241,8 @@ class TapedSelector:
             return self._select_record(timeout, sh)
         lt.resolve()
         n = sh.get(OP_LOOP_TICK, sh.buf, len(sh.buf))
+        if n < 0 and lt.tape.follow_shim():  # a resume went live here: this tick is taped
+            return self._select_record(timeout, sh)
         if n < 0:  # lenient replay past a divergence: the live loop
             return self._inner.select(timeout)
         data = sh.buf.raw[:n]

@@ -147,7 +147,7 @@ class EffectSpec:
     happened (for settling a call left in doubt)."""
 
     idempotency_key: str | Callable[..., str] | None = None
-    probe: Callable[..., bool] | None = None
+    probe: Callable[..., Any] | None = None
 
     def key(self, tape: PyTape, call: _Call, args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> str:
@@ -161,14 +161,47 @@ class EffectSpec:
         return idempotency_key(tape.traj, call_id(tape.proc, call.channel, call.pos))
 
 
+class _Probed(Exception):
+    """Resume: the probe found the in-doubt effect done; ``result`` is what the program
+    gets instead of a second run."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__("probed")
+        self.result = result
+
+
+def _settle_in_doubt(tape: PyTape, call: _Call, spec: EffectSpec, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> None:
+    """Resume: a declared effect left in doubt. With an idempotency key it runs again
+    (its service sees the same key); else its probe decides: a result other than
+    ``None``/``False`` means it happened (``True``: happened, no result to give), and
+    the program gets that instead of a second run; without either, a person decides."""
+    from stenograph.recorder.effects import call_id
+
+    cid = call_id(tape.proc, call.channel, call.pos)
+    target = f"tool {call.name}"
+    if tape.settlement().how(cid, target) is None or spec.idempotency_key is not None:
+        return
+    if spec.probe is None:
+        tape.settlement().needs_person(cid, target, "the tool declares no idempotency key "
+                                       "and no probe")
+    with tape.shim.paused():
+        found = spec.probe(*args, **kwargs)
+    if found is not None and found is not False:
+        raise _Probed(None if found is True else found)
+
+
 def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> None:
-    """Record: a declared effect's intent durable before the tool runs, or no run."""
+    """Record: a declared effect's intent durable before the tool runs, or no run.
+    Raises ``_Probed`` when a resume's probe found the effect already done."""
     if spec is None:
         return
+    if tape.resuming:
+        _settle_in_doubt(tape, call, spec, args, kwargs)
     key = spec.key(tape, call, args, kwargs)
     if not tape.intent(call.channel, call.pos, f"tool {call.name}", call.request["body"],
-                       key):
+                       key, call.fp):
         exc = seam.IntentNotDurable(f"stenograph could not make the intent of tool "
                                     f"{call.name} durable; it was not run")
         call.recorded(error=exc)
@@ -189,7 +222,11 @@ def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None)
                     call = _Call(tape, channel, label, args, kwargs)
                     if tape.mode == "replay":
                         return call.replayed()
-                    _intent(tape, call, spec, args, kwargs)
+                    try:
+                        _intent(tape, call, spec, args, kwargs)
+                    except _Probed as done:
+                        call.recorded(done.result)
+                        return done.result
                     try:
                         result = await fn(*args, **kwargs)
                     except Exception as exc:
@@ -206,7 +243,11 @@ def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None)
                 with tape.shim.paused():
                     return call.replayed(entry)
             with tape.shim.paused():
-                _intent(tape, call, spec, args, kwargs)
+                try:
+                    _intent(tape, call, spec, args, kwargs)
+                except _Probed as done:
+                    call.recorded(done.result)
+                    return done.result
             try:
                 result = await seam._aioloop().Drive(tape, fn(*args, **kwargs), call.suspend)
             except Exception as exc:
@@ -227,7 +268,11 @@ def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None)
             call = _Call(tape, channel, label, args, kwargs)
             if tape.mode == "replay":
                 return call.replayed()
-            _intent(tape, call, spec, args, kwargs)
+            try:
+                _intent(tape, call, spec, args, kwargs)
+            except _Probed as done:
+                call.recorded(done.result)
+                return done.result
             try:
                 result = fn(*args, **kwargs)
             except Exception as exc:

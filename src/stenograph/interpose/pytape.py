@@ -48,7 +48,7 @@ from typing import Any, NoReturn
 
 import msgpack
 
-from stenograph.interpose import gcpoints, stoppoint
+from stenograph.interpose import gcpoints, resume_plan, stoppoint
 from stenograph.interpose.fingerprint import distance, request_diff
 from stenograph.interpose.redact import RedactionRules
 from stenograph.recorder.blobs import BlobRef, BlobStore
@@ -78,6 +78,8 @@ class _ShimControl:
         self._pause: Any = None
         self._resume: Any = None
         self._ended: Any = None
+        self._go_live: Any = None
+        self._is_live: Any = None
         self.track = False
         self.imported: list[str] = []
         self._local = threading.local()
@@ -86,8 +88,19 @@ class _ShimControl:
             self._pause = me.steno_pause
             self._resume = me.steno_resume
             self._ended = me.steno_tape_ended
+            self._go_live = me.steno_go_live
+            self._is_live = me.steno_is_live
         except (OSError, AttributeError):
             pass
+
+    def go_live(self) -> None:
+        """Resume: the process leaves the recorded prefix and records from here."""
+        if self._go_live is not None:
+            self._go_live()
+
+    def is_live(self) -> bool:
+        """Resume: has the C tape of this process gone live (its streams ran out)?"""
+        return bool(self._is_live()) if self._is_live is not None else False
 
     def tape_ended(self) -> None:
         """A stream ran out where the program asks for more. If the recorded run was
@@ -164,17 +177,47 @@ class PyTape:
         self.epoch = int(getenv("STENO_EPOCH") or 0)
         self.effect_urls = getenv("STENO_EFFECT_URLS") or ""
         self.readonly_urls = getenv("STENO_READONLY_URLS") or ""
+        self.resuming = getenv("STENO_RESUME") == "1"
+        """``stenograph resume``: replay while the recorded calls last, then record."""
+        self._settle: resume_plan.Settlement | None = None
         os.register_at_fork(after_in_child=self._after_fork)
 
     # -- common ---------------------------------------------------------------------
 
     def begin(self, channel: str) -> int:
-        """Claim the next position of ``channel`` for a call that starts now."""
+        """Claim the next position of ``channel`` for a call that starts now. Resuming, a
+        call past the recorded ones (or one made once the C tape has run out) is where
+        the prefix ends: the process goes live and this call is made for real."""
         with self._lock:
             pos = self._next.get(channel, 0)
             self._next[channel] = pos + 1
+        if self.resuming and self.mode == "replay" and (
+                pos >= len(self._load().get(channel, [])) or self.shim.is_live()):
+            self.go_live()
         gcpoints.at_exchange(self.shim)
         return pos
+
+    def follow_shim(self) -> bool:
+        """Resuming: if the C tape has gone live (a stream ran out), so does this one.
+        Whether this process records now."""
+        if self.resuming and self.mode == "replay" and self.shim.is_live():
+            self.go_live()
+        return self.mode == "record"
+
+    def go_live(self) -> None:
+        """The end of a resumed prefix: from here this process records (``live.c``)."""
+        with self._lock:
+            if self.mode != "replay":
+                return
+            self.shim.go_live()
+            self.mode = "record"
+            self.shim.track = True
+
+    def settlement(self) -> resume_plan.Settlement:
+        """How ``stenograph resume`` settles the effects it found in doubt."""
+        if self._settle is None:
+            self._settle = resume_plan.Settlement.load(self._tape_dir)
+        return self._settle
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
@@ -184,6 +227,8 @@ class PyTape:
         if proc:
             self.proc = proc
         self._next = {}
+        self._streams = None  # the parent's entries are not this process's
+        self._used = {}
 
     # -- record -------------------------------------------------------------------------
 
@@ -233,7 +278,7 @@ class PyTape:
         self._send(entry)
 
     def intent(self, channel: str, pos: int, target: str, body: bytes | Any,
-               key: str | None) -> bool:
+               key: str | None, fingerprint: str | None = None) -> bool:
         """Make an effect's intent durable before it is dispatched: the recorder drains
         every ring of the tree, appends ``ToolIntent`` and answers once its sync returned
         (so everything taped before it is durable too). False if it could not be made
@@ -250,7 +295,7 @@ class PyTape:
         record = {"kind": "ToolIntent", "call_id": call_id(self.proc, channel, pos),
                   "proc": self.proc, "channel": channel, "pos": pos, "target": target,
                   "body": self.rules.scrub(body), "idempotency_key": key,
-                  "epoch": self.epoch}
+                  "epoch": self.epoch, "fingerprint": fingerprint}
         try:
             self._send(record)
         except (_Refused, OSError, RuntimeError, ValueError):

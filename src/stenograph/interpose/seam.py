@@ -300,8 +300,10 @@ class Call:
         """The real call, tape paused; what it raises is committed, then re-raised. An
         effect is sent only once its intent is durable (``PyTape.intent``)."""
         with self.tape.shim.paused():
+            if self.effect and self.tape.resuming:
+                self._settle_in_doubt()
             if self.effect and not self.tape.intent(self.channel, self.pos, self._target,
-                                                    self._body, self._key):
+                                                    self._body, self._key, self.fp):
                 exc = IntentNotDurable(f"stenograph could not make the intent of "
                                        f"{self._target} durable; the request was not sent")
                 self.failed(exc)
@@ -311,6 +313,17 @@ class Call:
             except Exception as exc:
                 self.failed(exc)
                 raise
+
+    def _settle_in_doubt(self) -> None:
+        """Resume: this effect was in doubt when the run crashed. It is sent again with
+        its recorded idempotency key unless its URL is one the resume was told ignores
+        keys (``--settle-http``): then a person decides (exit 4)."""
+        from stenograph.recorder.effects import call_id
+
+        cid = call_id(self.tape.proc, self.channel, self.pos)
+        if self.tape.settlement().how(cid, self._target) == "person":
+            self.tape.settlement().needs_person(
+                cid, self._target, "its service is not trusted to honour idempotency keys")
 
     def received(self, status: int, headers: list[tuple[str, str]], *,
                  reason: str | None = None, ext: dict[str, Any] | None = None) -> Body:

@@ -59,10 +59,15 @@ class ExchangeServer:
 
     def __init__(self, store: Any, traj: str, sock_path: str | Path, *,
                  after_model: Callable[[str, int, int], None] | None = None,
-                 before_intent: Callable[[], None] | None = None) -> None:
+                 before_intent: Callable[[], None] | None = None,
+                 before_append: Callable[[], None] | None = None) -> None:
         self.store = store
         self._after_model = after_model
         self._before_intent = before_intent
+        self._before_append = before_append
+        """Called before any entry is appended: the tape session drains every ring, so
+        everything the tree taped before the entry precedes it in the log -- each Python
+        event is then a point a resume can cut the tape at (``recorder/resumes.py``)."""
         """Called before a ``ToolIntent`` is appended: the tape session drains every
         process's rings, so the intent's sync covers all the tree taped before it."""
         """Called with (proc, pos, lsn) once a model exchange is durable, before the
@@ -84,9 +89,11 @@ class ExchangeServer:
             body = msgpack.unpackb(msg, raw=False, strict_map_key=False)
             if not isinstance(body, dict):
                 raise ValueError("exchange message is not a map")
+            if body.get("kind") == "ToolIntent" and self._before_intent is not None:
+                self._before_intent()
+            if self._before_append is not None:
+                self._before_append()
             if body.get("kind") == "ToolIntent":
-                if self._before_intent is not None:
-                    self._before_intent()
                 self.store.append(self.traj, "ToolIntent",
                                   {k: v for k, v in body.items() if k != "kind"}, durable=True)
                 conn.sendall(ACK)

@@ -492,6 +492,51 @@ def apply_meta(tree: Tree, dest: str | Path) -> None:
         os.utime(p, ns=(e.mtime_ns, e.mtime_ns), follow_symlinks=False)
 
 
+def reset_tree(blobs: BlobStore | MapBlobs, tree: Tree, root: str | Path,
+               rules: IgnoreRules) -> int:
+    """Make the live directory ``root`` hold ``tree`` again, in place: what the rules
+    keep and ``tree`` lacks is removed, what differs is rewritten (a file whose size and
+    mtime agree is taken as unchanged, as an incremental snapshot does), modes and mtimes
+    put back. What the rules leave out (a virtualenv, caches) is not touched. Returns the
+    number of paths changed."""
+    import shutil
+
+    root = Path(root)
+    changed = 0
+    now, _ = scan(str(root), rules, Limits(files=1 << 40, bytes=1 << 62))
+    for rel in sorted((r for r in now if r), key=lambda r: -r.count("/")):
+        want, st = tree.get(rel), now[rel]
+        kind = "d" if stat.S_ISDIR(st.st_mode) else "l" if stat.S_ISLNK(st.st_mode) else "f"
+        if want is not None and want.kind == kind and (
+                kind == "d" or (kind == "l" and os.readlink(root / rel) == want.target)
+                or (kind == "f" and st.st_size == want.size and st.st_mtime_ns == want.mtime_ns)):
+            continue
+        p = root / rel
+        if kind == "d" and (want is None or want.kind != "d"):
+            shutil.rmtree(p, ignore_errors=True)
+            changed += 1
+        elif kind != "d":
+            p.unlink(missing_ok=True)
+            changed += 1
+    for e in sorted(tree.values(), key=lambda e: (e.path.count("/"), e.path)):
+        if not e.path:
+            continue
+        p = root / e.path
+        if e.kind == "d":
+            if not p.is_dir():
+                p.mkdir()
+                changed += 1
+        elif not os.path.lexists(p):
+            if e.kind == "l":
+                os.symlink(e.target, p)
+            else:
+                with open(p, "wb") as f:
+                    f.write(blobs.get(BlobRef(e.sha256, e.size)))
+            changed += 1
+    apply_meta(tree, root)
+    return changed
+
+
 def restore(blobs: BlobStore | MapBlobs, manifest: Manifest,
             dests: Mapping[str, str | Path]) -> None:
     """Each root of ``manifest`` restored at ``dests[root]``."""

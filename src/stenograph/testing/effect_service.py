@@ -36,6 +36,11 @@ from urllib.parse import parse_qs, urlsplit
 from stenograph.fencing import HEADER, Gate
 
 
+class Drop(Exception):
+    """Raised by an ``on_effect`` hook: the request is dropped unanswered, not applied
+    (a crash injected between the intent and the effect)."""
+
+
 class EffectService:
     """The service; ``with EffectService() as svc:`` runs it on a free port."""
 
@@ -51,7 +56,12 @@ class EffectService:
         self.rejected_stale = 0
         self.on_effect: Any = None
         """Test instrumentation: called as ``on_effect(path, headers)`` when a mutating
-        request arrives, before anything is done with it."""
+        request arrives, before anything is done with it (raise ``Drop`` to drop it)."""
+        self.after_effect: Any = None
+        """Called as ``after_effect(path, headers)`` once the effect is applied, before
+        the answer is sent (raise ``Drop``: applied, never answered)."""
+        self.on_read: Any = None
+        """Called as ``on_read(path)`` when a GET arrives (raise ``Drop`` to drop it)."""
         self._httpd = ThreadingHTTPServer((host, port), _handler(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -76,6 +86,11 @@ class EffectService:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def applied(self) -> set[str]:
+        """The idempotency keys of the payments made: the ground truth of what happened."""
+        with self._lock:
+            return set(self._answers)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -134,6 +149,12 @@ def _handler(svc: EffectService) -> type[BaseHTTPRequestHandler]:
             with svc._lock:
                 svc.requests += 1
             url = urlsplit(self.path)
+            if svc.on_read is not None and url.path != "/stats":
+                try:
+                    svc.on_read(url.path)
+                except Drop:
+                    self.close_connection = True
+                    return
             if url.path == "/stats":
                 self._send(200, svc.stats())
             elif url.path == "/servers":
@@ -157,8 +178,12 @@ def _handler(svc: EffectService) -> type[BaseHTTPRequestHandler]:
                 self._send(400, {"error": "body is not JSON"})
                 return
             path = urlsplit(self.path).path
-            if svc.on_effect is not None:
-                svc.on_effect(path, dict(self.headers.items()))
+            try:
+                if svc.on_effect is not None:
+                    svc.on_effect(path, dict(self.headers.items()))
+            except Drop:
+                self.close_connection = True
+                return
             if path == "/payments":
                 status, out = svc.pay(body, self.headers.get("Idempotency-Key"))
             elif path == "/servers":
@@ -168,6 +193,12 @@ def _handler(svc: EffectService) -> type[BaseHTTPRequestHandler]:
                 return
             if svc.delay_ms:
                 time.sleep(svc.delay_ms / 1000)
+            try:
+                if svc.after_effect is not None:
+                    svc.after_effect(path, dict(self.headers.items()))
+            except Drop:
+                self.close_connection = True
+                return
             self._send(status, out)
 
     return Handler

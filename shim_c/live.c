@@ -1,0 +1,60 @@
+/* Resume: the recorded prefix of a crashed run, then live (stenograph resume).
+ *
+ * `stenograph resume` replays a trajectory whose recording was cut short, with
+ * STENO_RESUME=1 and the recorder's socket. Everything on the tape is served and checked
+ * as in any replay. Where a thread's stream runs out (and the process's recording has no
+ * exit: it was killed), the thread has reached the crash: it parks. When every taped
+ * thread of the process has parked -- or a Python hook finds its own tape exhausted and
+ * calls steno_go_live -- the process goes live: clocks are shifted so they do not run
+ * backwards (clock.c), the mode becomes record, parked threads and threads waiting for a
+ * recorded grant wake, and each finishes the call it was in as record does (WENT_LIVE in
+ * every wrapper), taping it. From there the process is recorded like any other, its
+ * streams continuing at the positions the prefix reached, so a later resume (or replay)
+ * serves the prefix and this continuation as one tape.
+ *
+ * A thread that never reaches the end of its tape (blocked in a call the shim does not
+ * see) would keep the others parked: after LIVE_WAIT_MS the process goes live anyway. */
+
+#define LIVE_WAIT_MS 2000
+
+static int g_live_lock;
+static int g_live_word;    /* bumped when the process goes live; parked threads sleep on it */
+static int g_resume_parked; /* taped threads at the end of their tape */
+
+static void go_live(void) {
+    spin_lock(&g_live_lock);
+    if (g_mode == MODE_REPLAY && g_resume) {
+        clock_go_live();
+        __atomic_store_n(&g_mode, MODE_RECORD, __ATOMIC_SEQ_CST);
+        __atomic_add_fetch(&g_live_word, 1, __ATOMIC_SEQ_CST);
+        RS3(SYS_futex, &g_live_word, FUTEX_WAKE_PRIVATE, INT_MAX);
+        __atomic_add_fetch(&S.word, 1, __ATOMIC_SEQ_CST); /* threads waiting for a grant */
+        RS3(SYS_futex, &S.word, FUTEX_WAKE_PRIVATE, INT_MAX);
+    }
+    spin_unlock(&g_live_lock);
+}
+
+static void resume_park(tls_t *t) {
+    (void)t;
+    int parked = __atomic_add_fetch(&g_resume_parked, 1, __ATOMIC_SEQ_CST);
+    for (int waited = 0; __atomic_load_n(&g_mode, __ATOMIC_SEQ_CST) == MODE_REPLAY;) {
+        if (parked >= __atomic_load_n(&g_live_threads, __ATOMIC_SEQ_CST) ||
+            waited >= LIVE_WAIT_MS) {
+            go_live();
+            break;
+        }
+        int w = __atomic_load_n(&g_live_word, __ATOMIC_SEQ_CST);
+        struct timespec rel = {0, 10 * 1000 * 1000};
+        if (__atomic_load_n(&g_mode, __ATOMIC_SEQ_CST) == MODE_REPLAY)
+            RS4(SYS_futex, &g_live_word, FUTEX_WAIT_PRIVATE, w, &rel);
+        waited += 10;
+        parked = __atomic_load_n(&g_resume_parked, __ATOMIC_SEQ_CST);
+    }
+    __atomic_sub_fetch(&g_resume_parked, 1, __ATOMIC_SEQ_CST);
+}
+
+/* A Python hook's tape ran out in a resumed replay (pytape): the process goes live now. */
+EXPORT void steno_go_live(void) { go_live(); }
+
+/* 1 once a resumed process has gone live (its hooks then record), else 0. */
+EXPORT int steno_is_live(void) { return g_resume && g_mode == MODE_RECORD; }

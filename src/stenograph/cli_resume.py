@@ -1,0 +1,281 @@
+"""``stenograph resume STORE TRAJ``: a crashed run, replayed up to its crash, then live.
+
+The resume claims the trajectory (``LeaseAcquired``, epoch + 1: effects it sends carry
+the new fencing token), puts the workspace back as the run found it (the start snapshot,
+restored in place; what the crash left is kept first as a ``pre-resume`` checkpoint),
+and runs the recorded command again with the shim in resume mode: everything up to the
+cut (``recorder/resumes.py``) is served from the tape -- model replies, tool results,
+clocks, entropy; no model call is made, no effect sent -- and where the tape ends each
+process goes live (``shim_c/live.c``, ``PyTape.go_live``) and is recorded into the same
+trajectory. An effect the crash left in doubt is settled when the program reaches it
+(``interpose/resume_plan.py``). The run then ends as a recording does: a last
+checkpoint and ``RunEnded``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from stenograph.cli_checks import traj_id
+from stenograph.cli_run import (
+    _exit_code,
+    _Flusher,
+    _shim_env,
+    _stalls,
+    replay_env,
+)
+from stenograph.interpose import resume_plan
+from stenograph.interpose.launch import Seal, run_under_shim, seal_roots
+from stenograph.interpose.shim import PROTOCOL
+from stenograph.interpose.workspace import recorded_rules, start_snapshot
+from stenograph.recorder.blobs import BlobStore
+from stenograph.recorder.checkpoints import Checkpointer
+from stenograph.recorder.errors import BadInput, NeedsPerson, ReplayDiverged
+from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
+from stenograph.recorder.reader import StoreReader
+from stenograph.recorder.resumes import ResumePlan, plan, settled_entry
+from stenograph.recorder.snapshots import (
+    Cadence,
+    IgnoreRules,
+    Limits,
+    Snapshotter,
+    load_manifest,
+    reset_tree,
+)
+from stenograph.recorder.store import Store
+from stenograph.recorder.tape import RecordSession, prepare_tape, read_divergences
+
+
+@click.command("resume")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("traj")
+@click.option("--settle-http", type=click.Choice(["reissue", "escalate"]), default="reissue",
+              show_default=True, help="An HTTP effect left in doubt: send it again with its "
+              "recorded Idempotency-Key (reissue), or stop for a person (escalate, exit 4).")
+@click.option("--escalate", "escalate", multiple=True, metavar="URL_REGEX",
+              help="HTTP effects to URLs matching this are escalated whatever --settle-http "
+              "says: services known to ignore idempotency keys (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
+def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
+           as_json: bool) -> None:
+    """Resume TRAJ in STORE: replay what it recorded up to the crash, then go on live.
+
+    Nothing recorded is done twice: model replies and tool results come from the log;
+    an effect whose intent is durable but whose result is not is settled first (sent
+    again with its recorded idempotency key, its tool's probe asked, or left to a
+    person: exit 4 and `stenograph settle`). Crash and resume any number of times.
+    Exits with the program's status once it ran to its end."""
+    traj_id(traj)
+    if not (store / "wal").is_dir():
+        raise BadInput("not a store (no wal/ directory)", str(store))
+    patterns = []
+    for p in escalate:
+        try:
+            patterns.append(re.compile(p))
+        except re.error as exc:
+            raise BadInput(f"--escalate: not a regular expression: {exc}", p) from None
+    events = list(StoreReader(store).events(traj=traj))
+    if not events:
+        raise BadInput(f"no trajectory {traj!r} in the store", str(store))
+    rp = plan(traj, events)
+    if rp.state.state == "ended":
+        _say(as_json, {"traj": traj, "resumed": False, "state": "ended",
+                       "exit_status": rp.state.exit_status},
+             f"stenograph: {traj} already ended (exit {rp.state.exit_status}); nothing to resume")
+        return
+    started = rp.started
+    if not isinstance(started.get("argv"), list) or not started["argv"]:
+        raise BadInput(f"{traj} has no RunStarted with a command: nothing to resume from",
+                       str(store))
+    recorded = str(started.get("shim") or "?").partition("/")[0]
+    if recorded != str(PROTOCOL):
+        raise BadInput(f"recorded with shim protocol {recorded}; this stenograph speaks "
+                       f"{PROTOCOL}", str(store))
+    for d in rp.in_doubt:
+        url = d["target"].partition(" ")[2]
+        http = not d["target"].startswith("tool ")
+        d["settle"] = "person" if http and (settle_http == "escalate" or any(
+            p.search(url) for p in patterns)) else "reissue"
+    outcome = _run(store, traj, rp)
+    _finish(traj, rp, outcome, as_json)
+
+
+def _say(as_json: bool, doc: dict[str, Any], line: str) -> None:
+    if as_json:
+        click.echo(json.dumps(doc, sort_keys=True))
+    click.echo(line, err=True)
+
+
+def _run(store: Path, traj: str, rp: ResumePlan) -> dict[str, Any]:
+    """Claim, restore, run; the outcome for the report."""
+    started = rp.started
+    tape = Path(tempfile.mkdtemp(prefix="steno-resume-"))
+    sock_dir = Path(tempfile.mkdtemp(prefix="steno-rec-"))
+    out: dict[str, Any] = {"epoch": rp.state.epoch + 1, "cut": rp.cut,
+                           "in_doubt": [d["call_id"] for d in rp.in_doubt]}
+    try:
+        with Store(store) as s:
+            epoch = rp.state.epoch + 1
+            s.append(traj, "LeaseAcquired", {"epoch": epoch, "pid": os.getpid(),
+                                             "host": os.uname().nodename, "by": "resume",
+                                             "resumed_at": rp.cut})
+            entries = []
+            for done in rp.settled_done:  # a person said it happened: the program gets
+                entry = settled_entry(done["intent"], done["settled"].get("result"))
+                s.append(traj, "Exchange", entry)
+                entries.append(entry)
+            from stenograph.recorder.codec import Event
+
+            extra_events = [Event(0, traj, 1 << 60, None, "Exchange", e) for e in entries]
+            prepare_tape(rp.events, tape)
+            prepare_py_tape([*rp.events, *extra_events], tape, BlobStore(store / "blobs"))
+            (tape / "py" / resume_plan.FILE).write_text(json.dumps(
+                {"in_doubt": {d["call_id"]: d for d in rp.in_doubt}}))
+            checkpoints = _restore_workspace(s, store, traj, rp, out)
+            session = RecordSession(s, traj, sock_dir / "tape.sock")
+            exchanges = ExchangeServer(
+                s, traj, sock_dir / "py.sock",
+                after_model=checkpoints.model_turn if checkpoints else None,
+                before_intent=checkpoints.before_effect if checkpoints else None,
+                before_append=session.drain_all)
+            flusher = _Flusher(s)
+            rec_env = started.get("env") or {}
+            env = replay_env({str(k): str(v) for k, v in rec_env.items()}, dict(os.environ))
+            extra = {"STENO_TAPE": str(tape), "STENO_RESUME": "1",
+                     "STENO_SOCK": session.sock_path, "STENO_PYSOCK": exchanges.path,
+                     "STENO_STORE": str(store.resolve()), "STENO_TRAJ": traj,
+                     "STENO_EPOCH": str(epoch)}
+            if started.get("asyncio"):
+                extra["STENO_ASYNCIO"] = "1"
+            cwd = started.get("cwd")
+            t0 = time.monotonic()
+            try:
+                result = run_under_shim(
+                    [str(a) for a in started["argv"]], _shim_env(env, "replay", **extra),
+                    cwd=cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None,
+                    passthrough=True, seal=_seal(started, tape, sock_dir, store))
+            finally:
+                flusher.close()
+                exchanges.close()
+                stats = session.close()
+            out["seconds"] = round(time.monotonic() - t0, 3)
+            out["status"] = result.status
+            divs = [d for d in read_divergences(tape) if d.kind == "divergence"]
+            attention = tape / resume_plan.ATTENTION
+            if attention.exists():
+                out["attention"] = json.loads(attention.read_text())
+                return out
+            if divs or result.status == ReplayDiverged.exit_code == 86:
+                out["divergences"] = [d.to_json() for d in divs]
+                return out
+            if checkpoints is not None:
+                s.flush()
+                checkpoints.end(s.synced_lsn)
+            s.append(traj, "RunEnded", {
+                "status": result.status,
+                "stdout_sha256": result.stdout_sha256,
+                "stderr_sha256": result.stderr_sha256,
+                "stdout_bytes": result.stdout_bytes,
+                "stderr_bytes": result.stderr_bytes,
+                "chunks": stats.chunks,
+                "processes": sorted(stats.procs),
+                "exchanges": exchanges.count,
+                "exchanges_lost": exchanges.lost,
+                "errors": (stats.errors + exchanges.errors)[:20],
+                "tmp_created": {},
+                "stalls": _stalls(sock_dir / "stalls"),
+                "checkpoints": len(checkpoints.taken) if checkpoints else 0,
+                "resumed": epoch,
+            })
+            out["ended"] = True
+            return out
+    finally:
+        shutil.rmtree(tape, ignore_errors=True)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _restore_workspace(s: Store, store: Path, traj: str, rp: ResumePlan,
+                       out: dict[str, Any]) -> Checkpointer | None:
+    """The workspace back to the run's start (the replayed prefix redoes its writes);
+    what the crash left is snapshotted first, so nothing in it is lost."""
+    snap = start_snapshot(rp.events)
+    ws = rp.started.get("workspace")
+    if snap is None or not isinstance(ws, dict):
+        return None
+    blobs = BlobStore(store / "blobs")
+    rules = recorded_rules(rp.started)
+    roots = [r for r in rules if os.path.isdir(r)]
+    limits = Limits(files=1 << 40, bytes=1 << 62)
+    checkpoints = Checkpointer(s, traj, Snapshotter(blobs, roots, rules, limits), Cadence())
+    checkpoints.turns = rp.state.turns
+    before = checkpoints.snap.take()
+    s.append(traj, "Checkpoint", {
+        "at": "pre-resume", "turn": rp.state.turns, "covers_lsn": s.synced_lsn,
+        "snapshot": before.ref.to_body(), "files": before.files,
+        "bytes_added": before.bytes_added, "full": before.full,
+        "seconds": round(before.seconds, 6)}, durable=True)
+    manifest = load_manifest(blobs, snap)
+    changed = 0
+    for root in manifest.roots:
+        os.makedirs(root, exist_ok=True)
+        changed += reset_tree(blobs, manifest.trees.get(root, {}), root,
+                              rules.get(root, IgnoreRules()))
+    out["workspace_restored"] = changed
+    return checkpoints
+
+
+def _seal(started: dict[str, Any], tape: Path, sock_dir: Path, store: Path) -> Seal:
+    """/tmp, /var/tmp and $TMPDIR as the run found them: what was made there since it
+    started is hidden (the replayed prefix makes the same names again), except the
+    directories this resume needs (the store, the working directory, its own); the
+    workspace stays the real one (the resumed run's writes are real)."""
+    before = started.get("tmp_names")
+    needed = [os.path.realpath(p) for p in (tape, sock_dir, store,
+                                             str(started.get("cwd") or "/"))]
+    hide: dict[str, list[str]] = {}
+    for root in seal_roots(os.environ) if isinstance(before, dict) else []:
+        try:
+            names = set(os.listdir(root)) - set(before.get(root) or [])
+        except OSError:
+            continue
+        names = {n for n in names if not any(
+            p == os.path.join(root, n) or p.startswith(os.path.join(root, n) + "/")
+            for p in needed)}
+        if names:
+            hide[root] = sorted(names)
+    state = started.get("sealed_state") or {}
+    stage = tape / ".seal"
+    stage.mkdir(exist_ok=True)
+    return Seal(hide=hide,
+                state={str(k): v for k, v in state.items() if v is None or isinstance(v, dict)},
+                keep=[str(tape.resolve()), str(sock_dir.resolve())],
+                stage=str(stage.resolve()))
+
+
+def _finish(traj: str, rp: ResumePlan, out: dict[str, Any], as_json: bool) -> None:
+    doc = {"traj": traj, "resumed": True, **out}
+    if as_json:
+        click.echo(json.dumps(doc, sort_keys=True, default=str))
+    if "attention" in out:
+        raise NeedsPerson(out["attention"]["line"], traj)
+    if "divergences" in out:
+        for d in out["divergences"][:5]:
+            click.echo(f"stenograph: divergence: process {d['proc']} thread {d['thread']} "
+                       f"channel {d['channel']} position {d['position']}: recorded "
+                       f"{d['recorded']}, asked {d['asked']}", err=True)
+        raise ReplayDiverged("the resumed prefix diverged from the recording: nothing past "
+                             "it was run", traj)
+    click.echo(f"stenograph: resumed {traj} at epoch {out['epoch']}: the recorded prefix "
+               f"replayed, then live; {len(out['in_doubt'])} effect(s) were in doubt; "
+               f"exit {out['status']}", err=True)
+    sys.exit(_exit_code(out["status"]))

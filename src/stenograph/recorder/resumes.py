@@ -1,0 +1,126 @@
+"""Where a crashed run is cut for its resume, and what the resumed run's tape is.
+
+A crash leaves the log with a consistent prefix and a ragged edge. Every Python-level
+event (an ``Exchange``, a ``ToolIntent``) is appended only after the recorder drained
+every ring of the tree (``ExchangeServer.before_append``), so at such an event the log
+holds everything the whole tree taped before it. ``TapeChunk``s after the last one are
+the ragged edge: one thread's records past a point another thread's are not. The
+**cut** is the last Python event (or the start checkpoint when there is none): a resume
+replays the log up to it and goes live from there.
+
+The resumed run appends to the same trajectory: ``LeaseAcquired {epoch, resumed_at: cut
+seq}``, then its own events. The **view** of a trajectory -- what a replay, a later
+resume or a status reads -- drops, at each such lease, the tape and checkpoint events
+after its cut: they belong to the part the resume ran again live. Settlements and
+other decisions made between the crash and the resume stay.
+
+Pure functions of the events; nothing here runs a program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stenograph.recorder.codec import Event
+from stenograph.recorder.effects import TrajectoryState, fold
+
+CUT_KINDS = frozenset({"Exchange", "ToolIntent"})
+"""Events appended after a drain of every ring: points the tape is consistent at."""
+
+DROPPED_AFTER_CUT = frozenset({"TapeChunk", "Checkpoint"})
+"""What a resume runs again: the tape (and snapshots) past its cut."""
+
+
+def view(events: Iterable[Event]) -> list[Event]:
+    """The trajectory as its resumes left it: each resume's re-run edge dropped."""
+    kept: list[Event] = []
+    for ev in events:
+        cut = ev.body.get("resumed_at") if ev.kind == "LeaseAcquired" and isinstance(
+            ev.body, dict) else None
+        if isinstance(cut, int):
+            kept = [e for e in kept if e.seq <= cut or e.kind not in DROPPED_AFTER_CUT]
+        kept.append(ev)
+    return kept
+
+
+def cut_seq(events: Sequence[Event]) -> int:
+    """The seq a resume cuts the (viewed) trajectory at: its last Python event, else its
+    start checkpoint, else its first event."""
+    for ev in reversed(events):
+        if ev.kind in CUT_KINDS:
+            return ev.seq
+    for ev in events:
+        if ev.kind == "Checkpoint" and ev.body.get("at") == "start":
+            return ev.seq
+    return events[0].seq if events else 0
+
+
+@dataclass
+class ResumePlan:
+    """What ``stenograph resume`` works from: the viewed events up to the cut (plus the
+    decisions after it), the state, and the effects in doubt."""
+
+    state: TrajectoryState
+    cut: int
+    events: list[Event]
+    """The events the resumed run's tape is prepared from (the view, minus the edge)."""
+    started: dict[str, Any]
+    in_doubt: list[dict[str, Any]] = field(default_factory=list)
+    """``{call_id, target, idempotency_key, fingerprint, proc, channel, pos}``."""
+    settled_done: list[dict[str, Any]] = field(default_factory=list)
+    """In-doubt effects a person settled as done: their ``Settled`` body and intent."""
+
+
+def plan(traj: str, events: Sequence[Event]) -> ResumePlan:
+    """The resume of ``traj`` from its events (in log order)."""
+    seen = view(events)
+    state = fold(traj, seen)
+    cut = cut_seq(seen)
+    started = next((e.body for e in seen if e.kind == "RunStarted"), {})
+    kept = [e for e in seen if e.seq <= cut or e.kind not in DROPPED_AFTER_CUT]
+    intents = {str(e.body.get("call_id")): e.body for e in seen if e.kind == "ToolIntent"}
+    settled = {str(e.body.get("call_id")): e.body for e in seen if e.kind == "Settled"}
+    p = ResumePlan(state, cut, kept, started if isinstance(started, dict) else {})
+    for eff in state.effects:
+        intent = intents.get(eff.call_id, {})
+        if eff.state == "in-doubt":
+            p.in_doubt.append({"call_id": eff.call_id, "target": eff.target,
+                               "idempotency_key": eff.idempotency_key,
+                               "fingerprint": intent.get("fingerprint"),
+                               "proc": intent.get("proc"), "channel": intent.get("channel"),
+                               "pos": intent.get("pos")})
+        elif eff.decision == "done" and eff.result_lsn is None:
+            p.settled_done.append({"settled": settled.get(eff.call_id, {}), "intent": intent})
+    return p
+
+
+def settled_entry(intent: dict[str, Any], result: Any) -> dict[str, Any]:
+    """The Python-tape entry a call settled as done by a person gets: the program is
+    handed ``result`` as the call's outcome (HTTP: a 200 with ``result`` as its JSON body;
+    a tool: ``result`` itself), without the call being made."""
+    import json
+
+    proc, channel, pos = intent.get("proc"), intent.get("channel"), intent.get("pos")
+    base = {"proc": proc, "channel": channel, "pos": pos,
+            "fingerprint": intent.get("fingerprint"), "settled_by_person": True}
+    target = str(intent.get("target", ""))
+    if target.startswith("tool "):
+        name = target[5:]
+        return {**base, "call_id": f"{name}#{pos}",
+                "request": {"method": "CALL", "url": f"{channel}:{name}", "headers": [],
+                            "body": intent.get("body") if isinstance(intent.get("body"), bytes)
+                            else b""},
+                "result": result, "error": None}
+    method, _, url = target.partition(" ")
+    body = b"" if result is None else json.dumps(result).encode()
+    return {**base,
+            "request": {"method": method, "url": url, "headers": [],
+                        "body": intent.get("body") if isinstance(intent.get("body"), bytes)
+                        else b""},
+            "response": {"status": 200, "headers": [["content-type", "application/json"],
+                                                    ["content-length", str(len(body))]],
+                         "body": body, "chunks": [len(body)] if body else [],
+                         "complete": True},
+            "error": None}

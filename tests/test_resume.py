@@ -1,0 +1,237 @@
+"""Crash and resume: the whole process group -- recorder and program -- is killed with
+SIGKILL at every boundary of the effect sequence and at random moments, then
+``stenograph resume`` is run (and killed again, sometimes) until the run ends.
+
+The effect service is the ground truth: after every trial each intended payment was
+made exactly once, no effect settled before a resume was sent again by it, and before
+each resume ``stenograph status`` listed every payment the service made (settled or in
+doubt, never missing) and called settled only what the service did. The program is a
+plain ``requests`` script; nothing in it knows about stenograph.
+
+``STENO_CRASH_TRIALS`` sets the number of trials (``make soak`` runs more).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stenograph.cli_status import states
+from stenograph.recorder.errors import BadInput
+from stenograph.testing.effect_service import Drop, EffectService
+
+CLI = [sys.executable, "-m", "stenograph"]
+PAYMENTS = 3
+PROGRAM = f"""
+import requests, sys, time
+base = sys.argv[1]
+t0 = time.monotonic()
+for i in range({PAYMENTS}):
+    r = requests.post(base + "/payments", json={{"amount": i, "to": "p"}})
+    print("pay", i, r.status_code, r.json()["id"], flush=True)
+    print("seen", requests.get(base + "/servers", params={{"name": "x"}}).json()["servers"],
+          flush=True)
+print("done", time.monotonic() >= t0)
+"""
+TRIALS = int(os.environ.get("STENO_CRASH_TRIALS", "200"))
+
+# where a run is killed: the n-th POST (1-based, counted per run) as it arrives (its
+# intent durable, the effect not applied), once applied but before its answer, or the
+# n-th GET as it arrives (after the result of the POST before it); or after a delay
+BOUNDARIES = [(kind, n) for n in range(1, PAYMENTS + 1)
+              for kind in ("dispatch", "applied", "read")]
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
+
+
+@dataclass
+class Run:
+    """One record or resume, and where it is to be killed (None: not killed)."""
+
+    kill: tuple[str, Any] | None
+    resume: bool = False
+    posts: int = 0
+    reads: int = 0
+    proc: subprocess.Popen[str] | None = None
+    killed: threading.Event = field(default_factory=threading.Event)
+
+    def hit(self, kind: str, n: int) -> None:
+        if self.kill == (kind, n) and self.proc is not None and not self.killed.is_set():
+            self.killed.set()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise Drop()
+
+
+def _service(run_of: list[Run]) -> EffectService:
+    svc = EffectService()
+
+    def on_effect(path: str, headers: dict[str, str]) -> None:
+        run = run_of[0]
+        run.posts += 1
+        run.hit("dispatch", run.posts)
+
+    def after_effect(path: str, headers: dict[str, str]) -> None:
+        run_of[0].hit("applied", run_of[0].posts)
+
+    def on_read(path: str) -> None:
+        run = run_of[0]
+        run.reads += 1
+        run.hit("read", run.reads)
+
+    svc.on_effect, svc.after_effect, svc.on_read = on_effect, after_effect, on_read
+    return svc
+
+
+def _go(run: Run, argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    run.proc = subprocess.Popen(argv, cwd=cwd, env=_env(), start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    timer = None
+    if run.kill and run.kill[0] == "timer":
+        def fire() -> None:
+            if run.proc is not None and run.proc.poll() is None and not run.killed.is_set():
+                run.killed.set()
+                os.killpg(run.proc.pid, signal.SIGKILL)
+        timer = threading.Timer(run.kill[1], fire)
+        timer.start()
+    try:
+        out, err = run.proc.communicate(timeout=120)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        with contextlib.suppress(ProcessLookupError):  # nothing may outlive its run
+            os.killpg(run.proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(argv, run.proc.returncode, out, err)
+
+
+def _status(store: Path) -> dict[str, Any] | None:
+    """What ``stenograph status --json`` prints for the trajectory (the same function,
+    called in this process: a CLI start per check would double the test's time); None
+    if the store does not have it (killed before its first event was durable)."""
+    try:
+        (st,) = states(store, "t")
+    except BadInput:
+        return None
+    return st.to_json()
+
+
+def trial(tmp: Path, kills: list[tuple[str, Any] | None]) -> dict[str, Any]:
+    """Record the program killed at ``kills[0]``, resume killed at ``kills[1]``... and
+    resume unkilled until the run ends; check the ground truth at every step."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    prog = tmp / "pay.py"
+    prog.write_text(PROGRAM)
+    store = tmp / "store"
+    runs: list[Run] = []
+    current: list[Run] = [Run(None)]
+    with _service(current) as svc:
+        for i in range(len(kills) + 8):
+            run = Run(kills[i] if i < len(kills) else None)
+            st = _status(store) if i else None
+            if st is None:  # nothing durable yet: nothing was sent, record again
+                assert not svc.applied()
+                assert not runs or not runs[-1].posts
+                argv = [*CLI, "record", "--store", str(store), "--traj", "t",
+                        "--workspace", "none", "-o", str(tmp / "t.steno"), "--",
+                        sys.executable, str(prog), svc.url]
+            else:
+                if st["state"] == "ended":
+                    break
+                applied = svc.applied()
+                listed = {e["idempotency_key"]: e["state"] for e in st["effects"]}
+                missing = applied - set(listed)
+                assert not missing, f"the service made payments status does not list: {missing}"
+                wrong = {k for k, s in listed.items() if s == "settled" and k not in applied}
+                assert not wrong, f"status says settled what the service never did: {wrong}"
+                settled_counts = {k: svc.by_key[k] for k, s in listed.items() if s == "settled"}
+                argv = [*CLI, "resume", str(store), "t"]
+                run.resume = True
+            current[0] = run
+            runs.append(run)
+            done = _go(run, argv, tmp)
+            if not run.killed.is_set():
+                assert done.returncode == 0, (i, done.stderr[-3000:])
+                assert "done True" in done.stdout, done.stdout
+            if run.resume:
+                resent = {k for k, n in settled_counts.items() if svc.by_key[k] != n}
+                assert not resent, f"resume sent settled effects again: {resent}"
+        else:
+            raise AssertionError(f"not ended after {len(runs)} runs")
+        amounts = sorted(p["amount"] for p in svc.payments)
+        assert amounts == list(range(PAYMENTS)), f"payments made: {svc.payments}"
+        st = _status(store)
+        assert st is not None and st["state"] == "ended"
+        assert st["epoch"] == sum(1 for r in runs if r.resume)  # one per resume
+        assert all(e["state"] == "settled" for e in st["effects"])
+        return {"runs": len(runs), "epoch": st["epoch"]}
+
+
+def _kill_plans(n: int, seed: int = 7) -> list[list[tuple[str, Any] | None]]:
+    """Every boundary as the record's kill (then a clean resume), every boundary of the
+    record paired with one of the first resume, then random plans (random boundaries or
+    random delays, up to three crashes in a row) until there are ``n``."""
+    rng = random.Random(seed)
+    plans: list[list[tuple[str, Any] | None]] = [[b] for b in BOUNDARIES]
+    plans += [[a, b] for a in BOUNDARIES for b in BOUNDARIES[:3]]
+    while len(plans) < n:
+        k = rng.randint(1, 3)
+        plans.append([rng.choice(BOUNDARIES) if rng.random() < 0.6
+                      else ("timer", round(rng.uniform(0.05, 1.5), 3)) for _ in range(k)])
+    return plans[:n]
+
+
+def test_crash_anywhere_then_resume_until_done_every_effect_exactly_once(
+        tmp_path: Path) -> None:
+    plans = _kill_plans(TRIALS)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two cores: two trials at a time
+        results = list(pool.map(lambda ip: trial(tmp_path / f"t{ip[0]}", ip[1]),
+                                enumerate(plans)))
+    assert len(results) == len(plans) >= min(TRIALS, 1)
+    resumes = sum(r["runs"] - 1 for r in results)
+    print(f"{len(plans)} trials, {resumes} resumes, {time.monotonic() - t0:.1f} s")
+
+
+def test_resume_of_an_ended_run_says_so_and_runs_nothing(tmp_path: Path) -> None:
+    prog = tmp_path / "pay.py"
+    prog.write_text(PROGRAM)
+    with EffectService() as svc:
+        rec = subprocess.run([*CLI, "record", "--store", str(tmp_path / "s"), "--traj", "t",
+                              "--workspace", "none", "-o", str(tmp_path / "t.steno"), "--",
+                              sys.executable, str(prog), svc.url], cwd=tmp_path, env=_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert rec.returncode == 0, rec.stderr
+        before = svc.stats()["requests"]
+        again = subprocess.run([*CLI, "resume", str(tmp_path / "s"), "t"], env=_env(),
+                               capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0, again.stderr
+        assert "already ended" in again.stderr
+        assert svc.stats()["requests"] == before
+
+
+@pytest.mark.parametrize("plan", [[("dispatch", 2)], [("applied", 1), ("read", 1)]])
+def test_a_resumed_run_replays_bit_for_bit(tmp_path: Path, plan: list[Any]) -> None:
+    """The trajectory a resume finished is one recording: prefix and live part replay
+    as one tape, offline."""
+    trial(tmp_path, plan)
+    exp = subprocess.run([*CLI, "log", "export", str(tmp_path / "store"), "t", "-o",
+                          str(tmp_path / "r.steno")], capture_output=True, text=True,
+                         env=_env(), timeout=60)
+    assert exp.returncode == 0, exp.stderr
+    rep = subprocess.run([*CLI, "replay", str(tmp_path / "r.steno")], capture_output=True,
+                         text=True, env=_env(), timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    assert "bit-identical" in rep.stderr
