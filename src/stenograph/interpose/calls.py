@@ -13,17 +13,18 @@ run it, so what it reads (clocks, entropy) must not be on the program's tape.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from stenograph.interpose import seam
 from stenograph.interpose.exchange import error_body
 from stenograph.interpose.fingerprint import fingerprint
-from stenograph.interpose.pytape import PyTape, ReplayExhausted, current
+from stenograph.interpose.pytape import IN_DECLARED_EFFECT, PyTape, ReplayExhausted, current
 from stenograph.recorder.blobs import BlobRef
 from stenograph.recorder.codec import jsonable
 from stenograph.recorder.exchanges import is_lost_body
@@ -185,8 +186,12 @@ def _settle_in_doubt(tape: PyTape, call: _Call, spec: EffectSpec, args: tuple[An
     if spec.probe is None:
         tape.settlement().needs_person(cid, target, "the tool declares no idempotency key "
                                        "and no probe")
-    with tape.shim.paused():
-        found = spec.probe(*args, **kwargs)
+    token = IN_DECLARED_EFFECT.set(True)
+    try:
+        with tape.shim.paused():
+            found = spec.probe(*args, **kwargs)
+    finally:
+        IN_DECLARED_EFFECT.reset(token)
     if found is not None and found is not False:
         raise _Probed(None if found is True else found)
 
@@ -206,6 +211,19 @@ def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any,
                                     f"{call.name} durable; it was not run")
         call.recorded(error=exc)
         raise exc
+
+
+@contextlib.contextmanager
+def _scope(spec: EffectSpec | None) -> Iterator[None]:
+    """A declared effect's run: the HTTP calls inside are its own (``IN_DECLARED_EFFECT``)."""
+    if spec is None:
+        yield
+        return
+    token = IN_DECLARED_EFFECT.set(True)
+    try:
+        yield
+    finally:
+        IN_DECLARED_EFFECT.reset(token)
 
 
 def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None) -> F:
@@ -228,7 +246,8 @@ def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None)
                         call.recorded(done.result)
                         return done.result
                     try:
-                        result = await fn(*args, **kwargs)
+                        with _scope(spec):
+                            result = await fn(*args, **kwargs)
                     except Exception as exc:
                         call.recorded(error=exc)
                         raise
@@ -249,7 +268,9 @@ def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None)
                     call.recorded(done.result)
                     return done.result
             try:
-                result = await seam._aioloop().Drive(tape, fn(*args, **kwargs), call.suspend)
+                with _scope(spec):
+                    result = await seam._aioloop().Drive(tape, fn(*args, **kwargs),
+                                                         call.suspend)
             except Exception as exc:
                 with tape.shim.paused():
                     call.recorded(error=exc)
@@ -274,7 +295,8 @@ def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None)
                 call.recorded(done.result)
                 return done.result
             try:
-                result = fn(*args, **kwargs)
+                with _scope(spec):
+                    result = fn(*args, **kwargs)
             except Exception as exc:
                 call.recorded(error=exc)
                 raise
@@ -297,18 +319,22 @@ def model(fn: F | None = None, *, name: str | None = None) -> F | Callable[[F], 
 @overload
 def tool(fn: F, *, name: str | None = None, effect: bool = False,
          idempotency_key: str | Callable[..., str] | None = None,
-         probe: Callable[..., bool] | None = None) -> F: ...
+         probe: Callable[..., Any] | None = None) -> F: ...
 @overload
 def tool(fn: None = None, *, name: str | None = None, effect: bool = False,
          idempotency_key: str | Callable[..., str] | None = None,
-         probe: Callable[..., bool] | None = None) -> Callable[[F], F]: ...
+         probe: Callable[..., Any] | None = None) -> Callable[[F], F]: ...
 def tool(fn: F | None = None, *, name: str | None = None, effect: bool = False,
          idempotency_key: str | Callable[..., str] | None = None,
-         probe: Callable[..., bool] | None = None) -> F | Callable[[F], F]:
+         probe: Callable[..., Any] | None = None) -> F | Callable[[F], F]:
     """Put a tool on the ``tool`` channel: ``@stenograph.tool`` or ``@tool(name=...)``.
 
     ``effect=True`` declares that it changes the world: under record its intent
-    (arguments, ``idempotency_key``, the fencing epoch) is durable before it runs."""
+    (arguments, ``idempotency_key``, the fencing epoch) is durable before it runs. If a
+    crash leaves it in doubt, ``stenograph resume`` runs it again when it declares an
+    ``idempotency_key`` (its service sees the same key), else asks ``probe`` (called with
+    the same arguments: the result if the effect happened, ``True`` if it has none,
+    ``None``/``False`` if it did not), else stops for a person (exit 4)."""
     spec = EffectSpec(idempotency_key, probe) if effect else None
     if fn is None:
         return lambda f: _wrap(f, "tool", name, spec)

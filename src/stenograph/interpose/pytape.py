@@ -33,6 +33,7 @@ all, so they must not be on the tape either.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import errno
 import hashlib
@@ -53,6 +54,11 @@ from stenograph.interpose.fingerprint import distance, request_diff
 from stenograph.interpose.redact import RedactionRules
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.exchanges import is_lost_body
+
+IN_DECLARED_EFFECT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "stenograph_in_declared_effect", default=False)
+"""Inside a declared effect tool's run (or its probe): the HTTP calls it makes are its
+implementation, covered by the tool's own intent, not effects of their own."""
 
 SPILL = 32 << 10
 INTENT_BODY = 4 << 10

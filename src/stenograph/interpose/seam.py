@@ -41,7 +41,7 @@ from stenograph.interpose.exchange import (
     response_headers,
     split_chunks,
 )
-from stenograph.interpose.pytape import PyTape, ReplayExhausted
+from stenograph.interpose.pytape import IN_DECLARED_EFFECT, PyTape, ReplayExhausted
 
 T = TypeVar("T")
 
@@ -246,7 +246,7 @@ class Call:
         self.request, self.match, self.fp = describe(tape, method, url, headers, body)
         self.suspend: dict[str, list[Any]] = {"head": [], "chunks": []}
         self.effect = effects.is_effect(method, url, self.channel, tape.effect_urls,
-                                        tape.readonly_urls)
+                                        tape.readonly_urls) and not IN_DECLARED_EFFECT.get()
         self.extra_headers: list[tuple[str, str]] = []
         """Headers an effect leaves with (record): the hook adds them to the request."""
         self._target = f"{method.upper()} {url}"
