@@ -135,3 +135,21 @@ def test_help_teaches() -> None:
     for cmd in ("append", "cat", "export", "import", "ls", "verify"):
         assert cmd in r.stdout
     assert "Examples" in r.stdout
+
+
+def test_the_readme_exit_codes_are_the_errors_exit_codes() -> None:
+    """One list of exit codes (README) and one source (recorder/errors.py): they agree."""
+    import re
+
+    from stenograph.recorder import errors
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("## Exit codes", 1)[1].split("(`src/", 1)[0]
+    listed = {int(n): what.strip() for n, what in re.findall(r"(\d) ([^·]+)", section)}
+    by_code = {1: errors.ReplayDiverged, 2: errors.BadInput, 3: errors.CorruptLog,
+               4: errors.NeedsPerson, 5: errors.Paused, 6: errors.Stopped,
+               7: errors.WriteFailed}
+    assert sorted(listed) == [0, *sorted(by_code)]
+    for code, cls in by_code.items():
+        assert cls.exit_code == code, (code, cls)
+    assert "paused" in listed[5] and "policy" in listed[6] and "write" in listed[7]

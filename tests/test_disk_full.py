@@ -1,4 +1,4 @@
-"""Recording onto a full disk: one line, exit 5, no half store; the program unharmed.
+"""Recording onto a full disk: one line, exit 7, no half store; the program unharmed.
 
 A real tmpfs (mounted here: the suite runs as root, as `make test` does on this
 machine; skipped where a mount cannot be made), filled with a real file, and real
@@ -87,7 +87,7 @@ def test_no_room_for_a_store_is_one_line_and_leaves_nothing(tmp_path: Path, smal
                                                             counting_server: str) -> None:
     _fill(small_disk, 1000)  # less than one preallocated segment
     p = _record(tmp_path, small_disk, counting_server)
-    assert p.returncode == 5, p.stderr
+    assert p.returncode == 7, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "No space left on device" in lines[0], p.stderr
     assert not (small_disk / "store").exists()
@@ -111,9 +111,9 @@ def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 def _one_line(p: subprocess.CompletedProcess[str]) -> str:
-    """A full disk: exit 5 and one line naming it, no traceback."""
+    """A full disk: exit 7 and one line naming it, no traceback."""
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert p.returncode == 5, p.stderr
+    assert p.returncode == 7, p.stderr
     assert len(lines) == 1 and "No space left on device" in lines[0], p.stderr
     assert lines[0].startswith("stenograph: error: "), p.stderr
     return lines[0]
@@ -417,7 +417,7 @@ def test_an_exchange_the_store_cannot_take_leaves_the_program_unharmed(
         out, err = p.communicate()
         pytest.fail(f"the recording hung: {out!r} {err[-2000:]!r}")
     assert f"status 200 got {400 << 10}" in out, (out, err)  # the program got its answer
-    assert p.returncode == 5, err
+    assert p.returncode == 7, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
     assert "the program exited 3" in lines[0], err
@@ -438,5 +438,5 @@ def test_an_effect_whose_intent_cannot_be_kept_is_not_sent(
     out, err = p.communicate(timeout=30)
     assert "status 200" not in out, out  # the effect was not made
     assert "could not make the intent of POST" in err and "was not sent" in err, err
-    assert p.returncode == 5, err
+    assert p.returncode == 7, err
     assert err.strip().splitlines()[-1].startswith("stenograph: error: "), err

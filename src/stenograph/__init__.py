@@ -6,7 +6,7 @@ first use, so ``import stenograph`` stays cheap for the CLI.
 """
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "model", "tool"]
+__all__ = ["Approval", "ApprovalDenied", "__version__", "approval", "model", "tool"]
 
 
 def __getattr__(name: str) -> object:  # no typing import: this runs in every taped process
@@ -14,4 +14,8 @@ def __getattr__(name: str) -> object:  # no typing import: this runs in every ta
         from stenograph.interpose import calls
 
         return getattr(calls, name)
+    if name in ("approval", "Approval", "ApprovalDenied"):
+        from stenograph.interpose import approvals
+
+        return getattr(approvals, name)
     raise AttributeError(f"module 'stenograph' has no attribute {name!r}")

@@ -422,12 +422,14 @@ def _register_optional() -> None:
     main.add_command(replay)
     from stenograph.cli_checkpoint import checkpoint
     from stenograph.cli_resume import resume
-    from stenograph.cli_status import settle, status
+    from stenograph.cli_status import approve, deny, settle, status
 
     main.add_command(checkpoint)
     main.add_command(resume)
     main.add_command(status)
     main.add_command(settle)
+    main.add_command(approve)
+    main.add_command(deny)
 
 
 _register_optional()

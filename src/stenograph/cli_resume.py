@@ -40,7 +40,7 @@ from stenograph.interpose.shim import PROTOCOL
 from stenograph.interpose.workspace import recorded_rules, start_snapshot
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.checkpoints import Checkpointer
-from stenograph.recorder.errors import BadInput, NeedsPerson, ReplayDiverged
+from stenograph.recorder.errors import BadInput, NeedsPerson, Paused, ReplayDiverged
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.resumes import ResumePlan, plan, settled_entry
@@ -110,6 +110,11 @@ def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
     _finish(traj, rp, outcome, as_json)
 
 
+def paused_line(traj: str, call_id: str) -> str:
+    return (f"{traj} paused: {call_id} waits for approval; `stenograph approve|deny STORE "
+            f"{traj} {call_id} --by NAME`, then `stenograph resume STORE {traj}`")
+
+
 def _say(as_json: bool, doc: dict[str, Any], line: str) -> None:
     if as_json:
         click.echo(json.dumps(doc, sort_keys=True))
@@ -140,14 +145,16 @@ def _run(store: Path, traj: str, rp: ResumePlan) -> dict[str, Any]:
             prepare_tape(rp.events, tape)
             prepare_py_tape([*rp.events, *extra_events], tape, BlobStore(store / "blobs"))
             (tape / "py" / resume_plan.FILE).write_text(json.dumps(
-                {"in_doubt": {d["call_id"]: d for d in rp.in_doubt}}))
+                {"in_doubt": {d["call_id"]: d for d in rp.in_doubt},
+                 "approvals": rp.approvals}))
             checkpoints = _restore_workspace(s, store, traj, rp, out)
             session = RecordSession(s, traj, sock_dir / "tape.sock")
             exchanges = ExchangeServer(
                 s, traj, sock_dir / "py.sock",
                 after_model=checkpoints.model_turn if checkpoints else None,
                 before_intent=checkpoints.before_effect if checkpoints else None,
-                before_append=session.drain_all)
+                before_append=session.drain_all,
+                before_approval=checkpoints.at_approval if checkpoints else None)
             flusher = _Flusher(s)
             rec_env = started.get("env") or {}
             env = replay_env({str(k): str(v) for k, v in rec_env.items()}, dict(os.environ))
@@ -175,8 +182,11 @@ def _run(store: Path, traj: str, rp: ResumePlan) -> dict[str, Any]:
             if attention.exists():
                 out["attention"] = json.loads(attention.read_text())
                 return out
-            if divs or result.status == ReplayDiverged.exit_code == 86:
+            if divs:
                 out["divergences"] = [d.to_json() for d in divs]
+                return out
+            if exchanges.paused_for is not None:
+                out["paused"] = exchanges.paused_for
                 return out
             if checkpoints is not None:
                 s.flush()
@@ -268,6 +278,8 @@ def _finish(traj: str, rp: ResumePlan, out: dict[str, Any], as_json: bool) -> No
         click.echo(json.dumps(doc, sort_keys=True, default=str))
     if "attention" in out:
         raise NeedsPerson(out["attention"]["line"], traj)
+    if "paused" in out:
+        raise Paused(paused_line(traj, out["paused"]))
     if "divergences" in out:
         for d in out["divergences"][:5]:
             click.echo(f"stenograph: divergence: process {d['proc']} thread {d['thread']} "

@@ -59,6 +59,7 @@ from stenograph.recorder.errors import (
     WRITE_ERRNOS,
     BadInput,
     CorruptLog,
+    Paused,
     ReplayDiverged,
     StenographError,
     WriteFailed,
@@ -229,6 +230,11 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
                 raise
             _record_failed(exc, store_path, existed, traj, ran.get("result"), ran.get("lost"),
                            out, keep_store=bool(store_dir))
+        if exchanges.paused_for is not None:
+            from stenograph.cli_resume import paused_line
+
+            raise Paused(paused_line(traj, exchanges.paused_for).replace(
+                "STORE", str(store_path)), str(store_path))
         if not store_dir:
             shutil.rmtree(store_path, ignore_errors=True)
         click.echo(
@@ -323,7 +329,9 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
         exchanges = ExchangeServer(store, traj, Path(tmp) / "py.sock",
                                    after_model=checkpoints.model_turn if checkpoints else None,
                                    before_intent=_before_intent(checkpoints),
-                                   before_append=session.drain_all)
+                                   before_append=session.drain_all,
+                                   before_approval=checkpoints.at_approval if checkpoints
+                                   else None)
         flusher = _Flusher(store)
         tmp_before = listing(seal_roots(env))
         try:
@@ -340,6 +348,8 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             ran["lost"] = exchanges.loss_note()
             stats = session.close()
         stalls = _stalls(Path(session.sock_path).parent / "stalls")
+        if exchanges.paused_for is not None:  # not ended: it goes on after the approval
+            return stats, exchanges, stalls, result
         if checkpoints is not None:
             store.flush()
             checkpoints.end(store.synced_lsn)

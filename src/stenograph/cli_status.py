@@ -9,6 +9,7 @@ effect as ``settled`` or ``in-doubt`` (``recorder/effects.py``).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import click
@@ -53,6 +54,9 @@ def status(store: Path, traj: str | None, as_json: bool) -> None:
         for e in st.effects:
             click.echo(f"    {e.call_id:<16} {e.state:<9} {e.target}"
                        + (f"  key {e.idempotency_key}" if e.idempotency_key else ""))
+        for a in st.approvals:
+            click.echo(f"    {a.call_id:<16} approval {a.state}{' (used)' if a.used else ''}"
+                       f"  {a.call}" + (f"  by {a.by}" if a.by else ""))
 
 
 @click.command("settle")
@@ -87,3 +91,44 @@ def settle(store: Path, traj: str, call: str, as_: str, result_file: Path | None
     with Store(store) as s:
         s.append(traj, "Settled", {"call_id": call, "as": as_, "result": result, "by": by})
     click.echo(f"stenograph: {traj} {call} settled as {as_}", err=True)
+
+
+def _decide(store: Path, traj: str, call: str, decision: str, by: str,
+            note: str | None) -> None:
+    from stenograph.recorder.store import Store
+
+    traj_id(traj)
+    (st,) = states(store, traj)
+    a = next((a for a in st.approvals if a.call_id == call), None)
+    if a is None:
+        raise BadInput(f"no approval {call!r} asked for in {traj} (see `stenograph "
+                       "status`)", str(store))
+    if a.state != "pending" or a.used:
+        raise BadInput(f"{call} is already {a.state}", str(store))
+    with Store(store) as s:
+        s.append(traj, "ApprovalResolved", {"call_id": call, "decision": decision, "by": by,
+                                            "note": note, "at": time.time()})
+    click.echo(f"stenograph: {traj} {call} ({a.call}) {decision} by {by}; `stenograph "
+               f"resume {store} {traj}` continues", err=True)
+
+
+@click.command("approve")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("traj")
+@click.argument("call")
+@click.option("--by", required=True, help="Who approves (kept in the log).")
+@click.option("--note", default=None, help="Why, for the record.")
+def approve(store: Path, traj: str, call: str, by: str, note: str | None) -> None:
+    """Approve the held CALL of TRAJ (an `ApprovalResolved` event); resume continues."""
+    _decide(store, traj, call, "approved", by, note)
+
+
+@click.command("deny")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("traj")
+@click.argument("call")
+@click.option("--by", required=True, help="Who denies (kept in the log).")
+@click.option("--note", default=None, help="Why, for the record (the program sees it).")
+def deny(store: Path, traj: str, call: str, by: str, note: str | None) -> None:
+    """Deny the held CALL of TRAJ: on resume the program gets `ApprovalDenied`."""
+    _decide(store, traj, call, "denied", by, note)

@@ -92,6 +92,11 @@ def _unspill(tape: PyTape, value: Any) -> Any:
 
 
 def _rebuild(err: dict[str, Any]) -> BaseException:
+    if (err.get("module"), err.get("type")) == ("stenograph.interpose.approvals",
+                                                "ApprovalDenied"):
+        from stenograph.interpose.approvals import ApprovalDenied
+
+        return ApprovalDenied(err["message"])
     cls = getattr(builtins, err["type"], None) if err.get("module") == "builtins" else None
     if isinstance(cls, type) and issubclass(cls, Exception):
         return cls(err["message"])
@@ -149,6 +154,17 @@ class EffectSpec:
 
     idempotency_key: str | Callable[..., str] | None = None
     probe: Callable[..., Any] | None = None
+    effect: bool = True
+    approval: bool | str | Callable[..., Any] | None = None
+    """Hold each call for a person (``stenograph.approval``): ``True``, a summary, or a
+    function of the call's arguments returning a summary (or something false: no hold)."""
+
+    def summary(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """Why this call is held, or None when it is not."""
+        held = self.approval(*args, **kwargs) if callable(self.approval) else self.approval
+        if not held:
+            return None
+        return held if isinstance(held, str) else f"{name}{_args_json(args, kwargs).decode()}"
 
     def key(self, tape: PyTape, call: _Call, args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> str:
@@ -198,9 +214,22 @@ def _settle_in_doubt(tape: PyTape, call: _Call, spec: EffectSpec, args: tuple[An
 
 def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> None:
-    """Record: a declared effect's intent durable before the tool runs, or no run.
-    Raises ``_Probed`` when a resume's probe found the effect already done."""
+    """Record: a held call's approval first (``stenograph.approval``: the run pauses, or
+    ``ApprovalDenied``), then a declared effect's intent durable before the tool runs, or
+    no run. Raises ``_Probed`` when a resume's probe found the effect already done."""
     if spec is None:
+        return
+    if spec.approval is not None:
+        summary = spec.summary(call.name, args, kwargs)
+        if summary is not None:
+            from stenograph.interpose.approvals import ApprovalDenied, approval
+
+            try:
+                approval(f"tool {call.name}", summary)
+            except ApprovalDenied as exc:  # the call's outcome, on the tape like any
+                call.recorded(error=exc)
+                raise
+    if not spec.effect:
         return
     if tape.resuming:
         _settle_in_doubt(tape, call, spec, args, kwargs)
@@ -216,7 +245,7 @@ def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any,
 @contextlib.contextmanager
 def _scope(spec: EffectSpec | None) -> Iterator[None]:
     """A declared effect's run: the HTTP calls inside are its own (``IN_DECLARED_EFFECT``)."""
-    if spec is None:
+    if spec is None or not spec.effect:
         yield
         return
     token = IN_DECLARED_EFFECT.set(True)
@@ -319,14 +348,17 @@ def model(fn: F | None = None, *, name: str | None = None) -> F | Callable[[F], 
 @overload
 def tool(fn: F, *, name: str | None = None, effect: bool = False,
          idempotency_key: str | Callable[..., str] | None = None,
-         probe: Callable[..., Any] | None = None) -> F: ...
+         probe: Callable[..., Any] | None = None,
+         approval: bool | str | Callable[..., Any] | None = None) -> F: ...
 @overload
 def tool(fn: None = None, *, name: str | None = None, effect: bool = False,
          idempotency_key: str | Callable[..., str] | None = None,
-         probe: Callable[..., Any] | None = None) -> Callable[[F], F]: ...
+         probe: Callable[..., Any] | None = None,
+         approval: bool | str | Callable[..., Any] | None = None) -> Callable[[F], F]: ...
 def tool(fn: F | None = None, *, name: str | None = None, effect: bool = False,
          idempotency_key: str | Callable[..., str] | None = None,
-         probe: Callable[..., Any] | None = None) -> F | Callable[[F], F]:
+         probe: Callable[..., Any] | None = None,
+         approval: bool | str | Callable[..., Any] | None = None) -> F | Callable[[F], F]:
     """Put a tool on the ``tool`` channel: ``@stenograph.tool`` or ``@tool(name=...)``.
 
     ``effect=True`` declares that it changes the world: under record its intent
@@ -334,8 +366,12 @@ def tool(fn: F | None = None, *, name: str | None = None, effect: bool = False,
     crash leaves it in doubt, ``stenograph resume`` runs it again when it declares an
     ``idempotency_key`` (its service sees the same key), else asks ``probe`` (called with
     the same arguments: the result if the effect happened, ``True`` if it has none,
-    ``None``/``False`` if it did not), else stops for a person (exit 4)."""
-    spec = EffectSpec(idempotency_key, probe) if effect else None
+    ``None``/``False`` if it did not), else stops for a person (exit 4).
+
+    ``approval`` holds each call for a person first (``stenograph.approval``): ``True``, a
+    summary string, or a function of the arguments returning one (false: not held)."""
+    spec = (EffectSpec(idempotency_key, probe, effect, approval)
+            if effect or approval is not None else None)
     if fn is None:
         return lambda f: _wrap(f, "tool", name, spec)
     return _wrap(fn, "tool", name, spec)

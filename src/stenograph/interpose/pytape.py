@@ -308,6 +308,17 @@ class PyTape:
             return False
         return True
 
+    def notify(self, record: dict[str, Any]) -> bool:
+        """A harness event (``{"kind": ...}``: an approval request) made durable by the
+        recorder before this returns True; False if it could not be."""
+        if self._broken or self.mode != "record":
+            return False
+        try:
+            self._send(record)
+        except (_Refused, OSError, RuntimeError, ValueError):
+            return False
+        return True
+
     def _send(self, entry: dict[str, Any]) -> None:
         """One message to the recorder; return once it answered that it is durable."""
         msg = msgpack.packb(entry, use_bin_type=True)
@@ -344,6 +355,15 @@ class PyTape:
             self._streams = (msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
                              if path.exists() else {})
         return self._streams
+
+    def recorded(self, channel: str, pos: int, fp: str) -> dict[str, Any] | None:
+        """Resuming: the prefix's entry for this call, if it has one with this fingerprint."""
+        if self._tape_dir is None:
+            return None
+        for entry in self._load().get(channel, []):
+            if entry.get("pos") == pos and entry.get("fingerprint") == fp:
+                return entry
+        return None
 
     def resolve(self, value: Any) -> bytes:
         """Inline bytes, or the bytes of a blob reference (replay prepared them). A body

@@ -97,11 +97,18 @@ class Checkpointer:
     def before_effect(self) -> None:
         """An effect is about to be dispatched: the files it may change, as they are
         (a forced checkpoint: resume restores it, whatever the cadence)."""
+        self._forced("effect", "before an effect")
+
+    def at_approval(self) -> None:
+        """The run pauses for an approval: the files as the person will judge them."""
+        self._forced("approval", "at an approval")
+
+    def _forced(self, at: str, what: str) -> None:
         with self._lock:
             try:
-                self._take("effect", self.store.synced_lsn)
-            except Exception as exc:  # the effect's own intent decides whether it goes
-                self.errors.append(f"checkpoint before an effect at turn {self.turns}: "
+                self._take(at, self.store.synced_lsn)
+            except Exception as exc:  # the caller's own event decides what happens
+                self.errors.append(f"checkpoint {what} at turn {self.turns}: "
                                    f"{type(exc).__name__}: {exc}")
 
     def end(self, covers_lsn: int) -> None:

@@ -47,6 +47,20 @@ class Effect:
 
 
 @dataclass
+class ApprovalState:
+    call_id: str
+    call: str
+    state: str = "pending"  # pending, approved, denied (as decided), then used
+    by: str | None = None
+    expires_at: float | None = None
+    used: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"call_id": self.call_id, "call": self.call, "state": self.state,
+                "by": self.by, "expires_at": self.expires_at, "used": self.used}
+
+
+@dataclass
 class TrajectoryState:
     traj: str
     state: str = "running"
@@ -55,19 +69,22 @@ class TrajectoryState:
     holder: int | None = None
     exit_status: int | None = None
     effects: list[Effect] = field(default_factory=list)
+    approvals: list[ApprovalState] = field(default_factory=list)
     events: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"traj": self.traj, "state": self.state, "turns": self.turns,
                 "epoch": self.epoch, "lease_holder": self.holder,
                 "exit_status": self.exit_status, "events": self.events,
-                "effects": [e.to_json() for e in self.effects]}
+                "effects": [e.to_json() for e in self.effects],
+                "approvals": [a.to_json() for a in self.approvals]}
 
 
 def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> TrajectoryState:
     """The state of one trajectory from its events (in log order)."""
     st = TrajectoryState(traj)
     by_id: dict[str, Effect] = {}
+    asked: dict[str, ApprovalState] = {}
     ended = False
     for ev in events:
         st.events += 1
@@ -79,10 +96,26 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
             if cid not in by_id:
                 by_id[cid] = eff
                 st.effects.append(eff)
+        elif ev.kind == "ApprovalRequested":
+            cid = str(body.get("call_id"))
+            if cid not in asked:
+                asked[cid] = ApprovalState(cid, str(body.get("call", "?")),
+                                           expires_at=body.get("expires_at"))
+                st.approvals.append(asked[cid])
+        elif ev.kind == "ApprovalResolved":
+            a = asked.get(str(body.get("call_id")))
+            if a is not None and a.state == "pending":
+                a.state, a.by = str(body.get("decision")), body.get("by")
         elif ev.kind == "Exchange":
             ch, pos = body.get("channel"), body.get("pos")
             if ch == "model":
                 st.turns += 1
+            if ch == "approval" and isinstance(pos, int):
+                a = asked.get(call_id(str(body.get("proc")), "approval", pos))
+                if a is not None:
+                    a.used = True
+                    result = body.get("result") or {}
+                    a.state = str(result.get("decision", a.state))
             if isinstance(pos, int):
                 eff = by_id.get(call_id(str(body.get("proc")), str(ch), pos))
                 if eff is not None and eff.result_lsn is None:
@@ -105,6 +138,8 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
         st.state = "ended"
     elif writer_alive:
         st.state = "running"
+    elif any(not a.used for a in st.approvals):
+        st.state = "paused"
     else:
         st.state = "needs-attention" if any(e.state == "in-doubt" for e in st.effects) \
             else "crashed"

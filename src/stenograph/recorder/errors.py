@@ -16,8 +16,10 @@ __all__ = [
     "FormatVersionError",
     "NeedsPerson",
     "NotAStore",
+    "Paused",
     "ReplayDiverged",
     "StenographError",
+    "Stopped",
     "StoreLocked",
     "StorePoisoned",
     "UnknownKind",
@@ -103,13 +105,25 @@ class NeedsPerson(StenographError):
     exit_code = 4
 
 
+class Paused(StenographError):
+    """The run stopped at a call held for approval; it continues with ``resume``."""
+
+    exit_code = 5
+
+
+class Stopped(StenographError):
+    """A policy or a budget stopped the run."""
+
+    exit_code = 6
+
+
 class WriteFailed(StenographError):
     """The system refused a write stenograph had to make (a full disk, an I/O error, a
     read-only file system): what was durable before it stays, and the message says
     where it is and what to do with it."""
 
-    exit_code = 5
+    exit_code = 7
 
 
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
-"""An ``OSError`` with one of these is a write the system refused (exit 5), not bad input."""
+"""An ``OSError`` with one of these is a write the system refused (exit 7), not bad input."""

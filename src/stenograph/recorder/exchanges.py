@@ -60,8 +60,13 @@ class ExchangeServer:
     def __init__(self, store: Any, traj: str, sock_path: str | Path, *,
                  after_model: Callable[[str, int, int], None] | None = None,
                  before_intent: Callable[[], None] | None = None,
-                 before_append: Callable[[], None] | None = None) -> None:
+                 before_append: Callable[[], None] | None = None,
+                 before_approval: Callable[[], None] | None = None) -> None:
         self.store = store
+        self._before_approval = before_approval
+        """Called before an ``ApprovalRequested`` is appended: the checkpoint of a pause."""
+        self.paused_for: str | None = None
+        """The call an approval request paused the run at (the program then exits 5)."""
         self._after_model = after_model
         self._before_intent = before_intent
         self._before_append = before_append
@@ -93,6 +98,14 @@ class ExchangeServer:
                 self._before_intent()
             if self._before_append is not None:
                 self._before_append()
+            if body.get("kind") == "ApprovalRequested":
+                if self._before_approval is not None:
+                    self._before_approval()
+                self.store.append(self.traj, "ApprovalRequested",
+                                  {k: v for k, v in body.items() if k != "kind"}, durable=True)
+                self.paused_for = str(body.get("call_id"))
+                conn.sendall(ACK)
+                return
             if body.get("kind") == "ToolIntent":
                 self.store.append(self.traj, "ToolIntent",
                                   {k: v for k, v in body.items() if k != "kind"}, durable=True)

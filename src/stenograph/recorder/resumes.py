@@ -71,6 +71,9 @@ class ResumePlan:
     """``{call_id, target, idempotency_key, fingerprint, proc, channel, pos}``."""
     settled_done: list[dict[str, Any]] = field(default_factory=list)
     """In-doubt effects a person settled as done: their ``Settled`` body and intent."""
+    approvals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Approvals asked for and not yet used, by call id: ``expires_at``, and once
+    resolved ``decision``, ``by``, ``note``, ``at`` (``interpose/approvals.py``)."""
 
 
 def plan(traj: str, events: Sequence[Event]) -> ResumePlan:
@@ -93,6 +96,17 @@ def plan(traj: str, events: Sequence[Event]) -> ResumePlan:
                                "pos": intent.get("pos")})
         elif eff.decision == "done" and eff.result_lsn is None:
             p.settled_done.append({"settled": settled.get(eff.call_id, {}), "intent": intent})
+    resolved = {str(e.body.get("call_id")): e.body for e in seen
+                if e.kind == "ApprovalResolved"}
+    for a in state.approvals:
+        if a.used:
+            continue
+        doc: dict[str, Any] = {"expires_at": a.expires_at, "call": a.call}
+        r = resolved.get(a.call_id)
+        if r is not None:
+            doc.update(decision=r.get("decision"), by=r.get("by"), note=r.get("note"),
+                       at=r.get("at"))
+        p.approvals[a.call_id] = doc
     return p
 
 
