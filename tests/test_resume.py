@@ -369,3 +369,35 @@ def test_a_declared_tool_in_doubt_is_probed_or_left_to_a_person(tmp_path: Path) 
         assert svc.stats()["servers"] == 2
     finally:
         svc.stop()
+
+
+def test_a_late_result_is_delivered_and_handed_over_at_resume(tmp_path: Path) -> None:
+    """The service made the effect and its answer was lost with the crash; the result
+    arrives later by other means (`stenograph deliver`). Resume hands it to the program
+    and sends nothing. Unknown calls, settled calls and ended runs are refused."""
+    svc, store, current = _crashed(tmp_path, PROVISION, ("applied", 1))
+    try:
+        (st,) = states(store, "t")
+        call = st.effects[0].call_id
+        (tmp_path / "r.json").write_text(json.dumps({"id": "srv_1", "name": "web1"}))
+
+        def deliver(c: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*CLI, "deliver", str(store), "t", c, "--result",
+                                   str(tmp_path / "r.json"), "--by", "webhook"],
+                                  capture_output=True, text=True, env=_env())
+
+        unknown = deliver("0/http/7")
+        assert unknown.returncode == 2 and "no effect" in unknown.stderr
+        assert len(unknown.stderr.strip().splitlines()) == 1
+        assert deliver(call).returncode == 0
+        twice = deliver(call)
+        assert twice.returncode == 2 and "already has its result" in twice.stderr
+        done = _again(current, None, [*CLI, "resume", str(store), "t", "--settle-http",
+                                      "escalate"], tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "server 200 {'id': 'srv_1', 'name': 'web1'}" in done.stdout
+        assert svc.stats()["servers"] == 1
+        late = deliver(call)
+        assert late.returncode == 2 and "has ended" in late.stderr
+    finally:
+        svc.stop()

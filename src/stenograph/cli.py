@@ -422,7 +422,7 @@ def _register_optional() -> None:
     main.add_command(replay)
     from stenograph.cli_checkpoint import checkpoint
     from stenograph.cli_resume import resume
-    from stenograph.cli_status import approve, deny, settle, status
+    from stenograph.cli_status import approve, deliver, deny, settle, status
 
     main.add_command(checkpoint)
     main.add_command(resume)
@@ -430,6 +430,7 @@ def _register_optional() -> None:
     main.add_command(settle)
     main.add_command(approve)
     main.add_command(deny)
+    main.add_command(deliver)
 
 
 _register_optional()

@@ -32,7 +32,10 @@ from stenograph.cli_run import (
     _Flusher,
     _shim_env,
     _stalls,
+    make_authorizer,
+    policy_options,
     replay_env,
+    stopped_line,
 )
 from stenograph.interpose import resume_plan
 from stenograph.interpose.launch import Seal, run_under_shim, seal_roots
@@ -40,7 +43,7 @@ from stenograph.interpose.shim import PROTOCOL
 from stenograph.interpose.workspace import recorded_rules, start_snapshot
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.checkpoints import Checkpointer
-from stenograph.recorder.errors import BadInput, NeedsPerson, Paused, ReplayDiverged
+from stenograph.recorder.errors import BadInput, NeedsPerson, Paused, ReplayDiverged, Stopped
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.resumes import ResumePlan, plan, settled_entry
@@ -66,8 +69,10 @@ from stenograph.recorder.tape import RecordSession, prepare_tape, read_divergenc
               help="HTTP effects to URLs matching this are escalated whatever --settle-http "
               "says: services known to ignore idempotency keys (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
+@policy_options
 def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
-           as_json: bool) -> None:
+           as_json: bool, policy_file: str | None, budget_tokens: int | None,
+           budget_usd: float | None, prices_file: str | None) -> None:
     """Resume TRAJ in STORE: replay what it recorded up to the crash, then go on live.
 
     Nothing recorded is done twice: model replies and tool results come from the log;
@@ -84,6 +89,7 @@ def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
             patterns.append(re.compile(p))
         except re.error as exc:
             raise BadInput(f"--escalate: not a regular expression: {exc}", p) from None
+    authorizer = make_authorizer(policy_file, budget_tokens, budget_usd, prices_file)
     events = list(StoreReader(store).events(traj=traj))
     if not events:
         raise BadInput(f"no trajectory {traj!r} in the store", str(store))
@@ -106,7 +112,11 @@ def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
         http = not d["target"].startswith("tool ")
         d["settle"] = "person" if http and (settle_http == "escalate" or any(
             p.search(url) for p in patterns)) else "reissue"
-    outcome = _run(store, traj, rp)
+    if authorizer is not None:  # what the prefix spent counts
+        for ev in rp.events:
+            if ev.kind == "Exchange" and ev.body.get("channel") == "model":
+                ExchangeServer.spend_into(authorizer, ev.body, BlobStore(store / "blobs"))
+    outcome = _run(store, traj, rp, authorizer)
     _finish(traj, rp, outcome, as_json)
 
 
@@ -121,7 +131,7 @@ def _say(as_json: bool, doc: dict[str, Any], line: str) -> None:
     click.echo(line, err=True)
 
 
-def _run(store: Path, traj: str, rp: ResumePlan) -> dict[str, Any]:
+def _run(store: Path, traj: str, rp: ResumePlan, authorizer: Any = None) -> dict[str, Any]:
     """Claim, restore, run; the outcome for the report."""
     started = rp.started
     tape = Path(tempfile.mkdtemp(prefix="steno-resume-"))
@@ -154,7 +164,8 @@ def _run(store: Path, traj: str, rp: ResumePlan) -> dict[str, Any]:
                 after_model=checkpoints.model_turn if checkpoints else None,
                 before_intent=checkpoints.before_effect if checkpoints else None,
                 before_append=session.drain_all,
-                before_approval=checkpoints.at_approval if checkpoints else None)
+                before_approval=checkpoints.at_approval if checkpoints else None,
+                authorizer=authorizer)
             flusher = _Flusher(s)
             rec_env = started.get("env") or {}
             env = replay_env({str(k): str(v) for k, v in rec_env.items()}, dict(os.environ))
@@ -164,6 +175,8 @@ def _run(store: Path, traj: str, rp: ResumePlan) -> dict[str, Any]:
                      "STENO_EPOCH": str(epoch)}
             if started.get("asyncio"):
                 extra["STENO_ASYNCIO"] = "1"
+            if authorizer is not None:
+                extra["STENO_AUTHORIZE"] = "1"
             cwd = started.get("cwd")
             t0 = time.monotonic()
             try:
@@ -187,6 +200,9 @@ def _run(store: Path, traj: str, rp: ResumePlan) -> dict[str, Any]:
                 return out
             if exchanges.paused_for is not None:
                 out["paused"] = exchanges.paused_for
+                return out
+            if exchanges.stopped_for is not None:
+                out["stopped"] = exchanges.stopped_for
                 return out
             if checkpoints is not None:
                 s.flush()
@@ -280,6 +296,8 @@ def _finish(traj: str, rp: ResumePlan, out: dict[str, Any], as_json: bool) -> No
         raise NeedsPerson(out["attention"]["line"], traj)
     if "paused" in out:
         raise Paused(paused_line(traj, out["paused"]))
+    if "stopped" in out:
+        raise Stopped(stopped_line(traj, out["stopped"]))
     if "divergences" in out:
         for d in out["divergences"][:5]:
             click.echo(f"stenograph: divergence: process {d['proc']} thread {d['thread']} "

@@ -62,6 +62,7 @@ from stenograph.recorder.errors import (
     Paused,
     ReplayDiverged,
     StenographError,
+    Stopped,
     WriteFailed,
 )
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
@@ -161,6 +162,44 @@ def _shim_env(env: dict[str, str], mode: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def policy_options(fn: Any) -> Any:
+    """``--policy``, ``--budget-tokens``, ``--budget-usd``, ``--prices`` (record, resume)."""
+    for opt in reversed([
+        click.option("--policy", "policy_file", type=click.Path(dir_okay=False),
+                     default=None, help="Rules (TOML or JSON) that allow, deny or hold for "
+                     "approval each model call and effect by its target (`METHOD URL`, "
+                     "`tool NAME`); see docs/crash-and-resume.md."),
+        click.option("--budget-tokens", type=click.IntRange(min=1), default=None,
+                     metavar="N", help="Stop the run (exit 6) before a model call or effect "
+                     "once its model replies used N tokens."),
+        click.option("--budget-usd", type=click.FloatRange(min=0, min_open=True),
+                     default=None, metavar="X", help="The same in dollars, by --prices."),
+        click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
+                     default=None, help="JSON {model: [usd per 1M input tokens, output]} "
+                     "over the built-in table."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def make_authorizer(policy_file: str | None, budget_tokens: int | None,
+                    budget_usd: float | None, prices_file: str | None) -> Any:
+    """The recorder's ``Authorizer`` for these options, or None (no checks, no cost)."""
+    from stenograph.recorder.policy import Authorizer, Budget, Policy, load_prices
+
+    if policy_file is None and budget_tokens is None and budget_usd is None:
+        if prices_file is not None:
+            raise BadInput("--prices needs --budget-usd")
+        return None
+    policy = Policy.load(policy_file) if policy_file else Policy()
+    return Authorizer(policy, Budget(budget_tokens, budget_usd, load_prices(prices_file)))
+
+
+def stopped_line(traj: str, reason: str) -> str:
+    return (f"{traj} stopped: {reason}; `stenograph resume STORE {traj}` with a larger "
+            "budget continues")
+
+
 @click.command("record")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Trajectory file to write (default: <trajectory id>.steno).")
@@ -190,10 +229,13 @@ def _shim_env(env: dict[str, str], mode: str, **extra: str) -> dict[str, str]:
 @click.option("--mtbf", type=click.FloatRange(min=0.001), default=4.0, show_default=True,
               metavar="HOURS", help="Mean time between failures the checkpoint cadence "
               "is chosen for.")
+@policy_options
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_loop: bool,
            workspaces: tuple[str, ...], ws_ignore: tuple[str, ...], ws_max: str | None,
-           checkpoint_every: int | None, mtbf: float, cmd: tuple[str, ...]) -> None:
+           checkpoint_every: int | None, mtbf: float, policy_file: str | None,
+           budget_tokens: int | None, budget_usd: float | None, prices_file: str | None,
+           cmd: tuple[str, ...]) -> None:
     """Run CMD under the tape and record everything it reads from the world.
 
     The workspace (the working directory unless --workspace says otherwise) is
@@ -213,6 +255,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
                        "`stenograph log export` or remove it", str(store_path))
     ws = plan_workspace(workspaces, ws_ignore, ws_max, os.getcwd(),
                         exclude=[str(store_path), str(out)])
+    authorizer = make_authorizer(policy_file, budget_tokens, budget_usd, prices_file)
     cadence = Cadence(mtbf=mtbf * 3600, every=checkpoint_every)
     tmp = tempfile.mkdtemp(prefix="steno-rec-")
     existed = store_path.exists()
@@ -221,7 +264,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
         env = _base_env()
         try:
             stats, exchanges, stalls, result = _record_into(
-                store_path, traj, argv, env, tmp, asyncio_loop, ran, ws, cadence)
+                store_path, traj, argv, env, tmp, asyncio_loop, ran, ws, cadence, authorizer)
             from stenograph.recorder.trajfile import export_trajectory
 
             export_trajectory(store_path, traj, out)
@@ -234,6 +277,9 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
             from stenograph.cli_resume import paused_line
 
             raise Paused(paused_line(traj, exchanges.paused_for).replace(
+                "STORE", str(store_path)), str(store_path))
+        if exchanges.stopped_for is not None:
+            raise Stopped(stopped_line(traj, exchanges.stopped_for).replace(
                 "STORE", str(store_path)), str(store_path))
         if not store_dir:
             shutil.rmtree(store_path, ignore_errors=True)
@@ -297,6 +343,7 @@ def _record_failed(exc: OSError, store_path: Path, existed: bool, traj: str,
 def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, str],
                  tmp: str, asyncio_loop: bool, ran: dict[str, Any],
                  ws: WorkspacePlan | None = None, cadence: Cadence | None = None,
+                 authorizer: Any = None,
                  ) -> tuple[Any, Any, list[dict[str, str]], RunResult]:
     """Run ARGV under the tape into STORE_PATH: RunStarted, the start checkpoint, the
     run, the end checkpoint, RunEnded. The program's result goes into ``ran`` as soon as
@@ -331,7 +378,7 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
                                    before_intent=_before_intent(checkpoints),
                                    before_append=session.drain_all,
                                    before_approval=checkpoints.at_approval if checkpoints
-                                   else None)
+                                   else None, authorizer=authorizer)
         flusher = _Flusher(store)
         tmp_before = listing(seal_roots(env))
         try:
@@ -340,7 +387,7 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
                 env, "record", STENO_SOCK=session.sock_path,
                 STENO_PYSOCK=exchanges.path, STENO_STORE=str(store_path.resolve()),
                 STENO_TRAJ=traj, STENO_EPOCH="0",
-                **loop_env))
+                **loop_env, **({"STENO_AUTHORIZE": "1"} if authorizer else {})))
             ran["result"] = result
         finally:
             flusher.close()
@@ -348,8 +395,8 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             ran["lost"] = exchanges.loss_note()
             stats = session.close()
         stalls = _stalls(Path(session.sock_path).parent / "stalls")
-        if exchanges.paused_for is not None:  # not ended: it goes on after the approval
-            return stats, exchanges, stalls, result
+        if exchanges.paused_for is not None or exchanges.stopped_for is not None:
+            return stats, exchanges, stalls, result  # not ended: it goes on at a resume
         if checkpoints is not None:
             store.flush()
             checkpoints.end(store.synced_lsn)

@@ -93,6 +93,42 @@ def settle(store: Path, traj: str, call: str, as_: str, result_file: Path | None
     click.echo(f"stenograph: {traj} {call} settled as {as_}", err=True)
 
 
+@click.command("deliver")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("traj")
+@click.argument("call")
+@click.option("--result", "result_file", type=click.Path(dir_okay=False, path_type=Path),
+              required=True, help="A JSON file: the call's result.")
+@click.option("--by", default=None, help="Who or what delivers it (kept in the log).")
+def deliver(store: Path, traj: str, call: str, result_file: Path, by: str | None) -> None:
+    """Deliver the late result of an effect of TRAJ whose answer never came back (an
+    asynchronous tool: a job finished, a webhook fired). It goes into the log as a
+    `ToolResult`; the next `resume` hands it to the program instead of calling again."""
+    from stenograph.cli_checks import input_file
+    from stenograph.recorder.store import Store
+
+    traj_id(traj)
+    input_file(str(result_file))
+    try:
+        result = json.loads(result_file.read_text())
+    except ValueError as exc:
+        raise BadInput(f"--result is not JSON: {exc}", str(result_file)) from None
+    (st,) = states(store, traj)
+    if st.state == "ended":
+        raise BadInput(f"{traj} has ended: a result delivered now would reach no one",
+                       str(store))
+    eff = next((e for e in st.effects if e.call_id == call), None)
+    if eff is None:
+        raise BadInput(f"no effect {call!r} in {traj} (see `stenograph status`)", str(store))
+    if eff.state != "in-doubt":
+        raise BadInput(f"{call} already has its result", str(store))
+    with Store(store) as s:
+        s.append(traj, "ToolResult", {"call_id": call, "result": result, "by": by,
+                                      "at": time.time(), "as": "done"})
+    click.echo(f"stenograph: {traj} {call}: result delivered; `stenograph resume {store} "
+               f"{traj}` hands it over", err=True)
+
+
 def _decide(store: Path, traj: str, call: str, decision: str, by: str,
             note: str | None) -> None:
     from stenograph.recorder.store import Store

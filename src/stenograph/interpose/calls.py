@@ -97,6 +97,8 @@ def _rebuild(err: dict[str, Any]) -> BaseException:
         from stenograph.interpose.approvals import ApprovalDenied
 
         return ApprovalDenied(err["message"])
+    if (err.get("module"), err.get("type")) == (__name__, "PolicyDenied"):
+        return PolicyDenied(err["message"])
     cls = getattr(builtins, err["type"], None) if err.get("module") == "builtins" else None
     if isinstance(cls, type) and issubclass(cls, Exception):
         return cls(err["message"])
@@ -212,11 +214,43 @@ def _settle_in_doubt(tape: PyTape, call: _Call, spec: EffectSpec, args: tuple[An
         raise _Probed(None if found is True else found)
 
 
+class PolicyDenied(PermissionError):
+    """The run's policy (``--policy``) does not allow this call."""
+
+
+def _authorize(tape: PyTape, call: _Call) -> None:
+    """A model call or a declared effect, authorized by the run's policy and budget."""
+    if not tape.authorizing:
+        return
+    from stenograph.recorder.effects import call_id
+
+    target = f"{call.channel} {call.name}" if call.channel == "model" else f"tool {call.name}"
+    d = tape.authorize(call_id(tape.proc, call.channel, call.pos), target, call.channel)
+    if d.get("decision") == "allow":
+        return
+    if d.get("decision") == "stop":
+        seam.stop_run(str(d.get("reason")))
+    if d.get("decision") == "hold":
+        from stenograph.interpose.approvals import ApprovalDenied, approval
+
+        try:
+            approval(target, str(d.get("summary") or target))
+            return
+        except ApprovalDenied as exc:
+            call.recorded(error=exc)
+            raise
+    exc = PolicyDenied(f"stenograph: the run's policy denies {target}")
+    call.recorded(error=exc)
+    raise exc
+
+
 def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> None:
     """Record: a held call's approval first (``stenograph.approval``: the run pauses, or
     ``ApprovalDenied``), then a declared effect's intent durable before the tool runs, or
     no run. Raises ``_Probed`` when a resume's probe found the effect already done."""
+    if call.channel == "model" or (spec is not None and spec.effect):
+        _authorize(tape, call)
     if spec is None:
         return
     if spec.approval is not None:

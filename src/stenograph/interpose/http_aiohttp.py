@@ -137,6 +137,11 @@ def install(client: ModuleType) -> None:
             await seam._aioloop().replay_suspensions(tape, entry.get("suspend", {}).get("head"))
             with tape.shim.paused():
                 return _replayed(tape, session, method, url, hdrs, call, kwargs, entry)
+        with tape.shim.paused():
+            call.before_send(aiohttp.ClientConnectionError)
+        if call.extra_headers:  # an effect's idempotency key, fencing token
+            kwargs["headers"] = {**dict(kwargs.get("headers") or {}),
+                                 **dict(call.extra_headers)}
         try:
             resp = await seam._aioloop().Drive(tape, orig(session, method, str_or_url, **kwargs),
                                                call.suspend["head"])
@@ -153,7 +158,7 @@ def install(client: ModuleType) -> None:
         if call.extra_headers:  # an effect's idempotency key, fencing token
             kwargs["headers"] = {**dict(kwargs.get("headers") or {}),
                                  **dict(call.extra_headers)}
-        with call.sending():
+        with call.sending(aiohttp.ClientConnectionError):
             resp = await orig(session, method, str_or_url, **kwargs)
         return await _recorded(tape, session, call, resp)
 

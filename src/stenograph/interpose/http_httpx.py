@@ -104,7 +104,7 @@ def install(mod: ModuleType) -> None:
                 return _replayed(tape, call, request, is_async=False)
             for k, v in call.extra_headers:  # an effect's idempotency key, fencing token
                 request.headers[k] = v
-            with call.sending():
+            with call.sending(lambda m: mod.ConnectError(m, request=request)):
                 resp = orig_sync(self, request)
         rec = call.received(resp.status_code, list(resp.headers.multi_items()),
                             ext=_ext(resp.extensions))
@@ -135,6 +135,10 @@ def install(mod: ModuleType) -> None:
             await seam._aioloop().replay_suspensions(tape, entry.get("suspend", {}).get("head"))
             with tape.shim.paused():
                 return _replayed(tape, call, request, is_async=True, entry=entry)
+        with tape.shim.paused():
+            call.before_send(lambda m: mod.ConnectError(m, request=request))
+            for k, v in call.extra_headers:  # an effect's idempotency key, fencing token
+                request.headers[k] = v
         try:
             aio = seam._aioloop()
             resp = await aio.Drive(tape, orig_async(self, request), call.suspend["head"])
@@ -168,7 +172,7 @@ def install(mod: ModuleType) -> None:
                 return _replayed(tape, call, request, is_async=True)
             for k, v in call.extra_headers:
                 request.headers[k] = v
-            with call.sending():
+            with call.sending(lambda m: mod.ConnectError(m, request=request)):
                 resp = await orig_async(self, request)
         return _recorded_async(tape, call, request, resp)
 

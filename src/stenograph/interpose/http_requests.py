@@ -189,7 +189,7 @@ def install(adapters: ModuleType) -> None:
             return adapter.build_response(request, raw)
         for k, v in call.extra_headers:  # an effect's idempotency key, fencing token
             request.headers[k] = v
-        with call.sending():
+        with call.sending(lambda m: requests.exceptions.ConnectionError(m, request=request)):
             response = orig(adapter, request, True, timeout, verify, cert, proxies)
         real = response.raw
         headers = list(real.headers.items())

@@ -184,6 +184,8 @@ class PyTape:
         self.effect_urls = getenv("STENO_EFFECT_URLS") or ""
         self.readonly_urls = getenv("STENO_READONLY_URLS") or ""
         self.resuming = getenv("STENO_RESUME") == "1"
+        self.authorizing = getenv("STENO_AUTHORIZE") == "1"
+        """``--policy`` or a budget: every model call and effect is authorized first."""
         """``stenograph resume``: replay while the recorded calls last, then record."""
         self._settle: resume_plan.Settlement | None = None
         os.register_at_fork(after_in_child=self._after_fork)
@@ -308,6 +310,35 @@ class PyTape:
             return False
         return True
 
+    def authorize(self, call_id: str, target: str, channel: str) -> dict[str, Any]:
+        """The recorder's decision on a call about to be made (``recorder/policy.py``):
+        ``{"decision": allow | deny | hold | stop, "reason", "summary"...}``, its
+        ``Authorized`` event appended before the answer. Without a policy or budget:
+        allow, no round trip. A recorder that cannot be asked: deny (a gate that opens
+        when its keeper is gone is no gate)."""
+        if not self.authorizing or self.mode != "record":
+            return {"decision": "allow"}
+        msg = msgpack.packb({"kind": "Authorize", "call_id": call_id, "target": target,
+                             "channel": channel}, use_bin_type=True)
+        try:
+            with self._lock:
+                self._connect()
+                assert self._sock is not None
+                self._sock.sendall(msg)
+                answer = self._sock.recv(1 << 16)
+            doc = msgpack.unpackb(answer, raw=False)
+        except (OSError, ValueError, msgpack.UnpackException):
+            return {"decision": "deny", "reason": "the recorder could not be asked"}
+        return doc if isinstance(doc, dict) else {"decision": "deny", "reason": "no answer"}
+
+    def _connect(self) -> None:
+        if self._sock is None:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            with contextlib.suppress(OSError):  # a message may be up to MAX_MESSAGE
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE + (64 << 10))
+            s.connect(self._sock_path or "")
+            self._sock = s
+
     def notify(self, record: dict[str, Any]) -> bool:
         """A harness event (``{"kind": ...}``: an approval request) made durable by the
         recorder before this returns True; False if it could not be."""
@@ -325,12 +356,8 @@ class PyTape:
         if len(msg) > MAX_MESSAGE:
             msg = _without_big_bodies(entry)
         with self._lock:
-            if self._sock is None:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                with contextlib.suppress(OSError):  # a message may be up to MAX_MESSAGE
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE + (64 << 10))
-                s.connect(self._sock_path or "")
-                self._sock = s
+            self._connect()
+            assert self._sock is not None
             try:
                 self._sock.sendall(msg)
             except OSError as exc:  # the kernel's limit is lower than ours here

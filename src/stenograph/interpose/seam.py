@@ -31,7 +31,7 @@ import heapq
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from stenograph.interpose import effects
 from stenograph.interpose.exchange import (
@@ -70,6 +70,21 @@ def _aioloop() -> Any:
 
 class IntentNotDurable(ConnectionError):
     """An effect whose intent the recorder could not make durable is not sent."""
+
+
+STOPPED_EXIT = 6
+
+
+def stop_run(reason: str) -> NoReturn:
+    """A budget is spent: the process ends before the call, one line (exit 6)."""
+    import os
+
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"stenograph: stopped: {reason}\n")
+        sys.stderr.flush()
+    os._exit(STOPPED_EXIT)
 
 
 Rebuild = Callable[[dict[str, Any]], BaseException]
@@ -295,19 +310,55 @@ class Call:
         with self.tape.shim.paused():
             self.commit(None, error_body(exc))
 
+    def before_send(self, refused: Callable[[str], BaseException]) -> None:
+        """Record, tape paused: what must happen before the request leaves. A model call
+        or an effect is authorized (policy, budget: ``PyTape.authorize``); an effect a
+        crash left in doubt is settled (resume); an effect is sent only once its intent
+        is durable. A refusal is raised as ``refused(message)`` -- the library's own
+        connection error, which the program already handles -- and committed, so a
+        replay raises it again."""
+        if self.effect or self.channel == "model":
+            self._authorize(refused)
+        if self.effect and self.tape.resuming:
+            self._settle_in_doubt()
+        if self.effect and not self.tape.intent(self.channel, self.pos, self._target,
+                                                self._body, self._key, self.fp):
+            self._refuse(IntentNotDurable(f"stenograph could not make the intent of "
+                                          f"{self._target} durable; the request was not "
+                                          "sent"))
+
+    def _refuse(self, exc: BaseException) -> NoReturn:
+        self.failed(exc)
+        raise exc
+
+    def _authorize(self, refused: Callable[[str], BaseException]) -> None:
+        from stenograph.recorder.effects import call_id
+
+        cid = call_id(self.tape.proc, self.channel, self.pos)
+        d = self.tape.authorize(cid, self._target, self.channel)
+        if d.get("decision") == "allow":
+            return
+        if d.get("decision") == "stop":
+            stop_run(str(d.get("reason")))
+        if d.get("decision") == "hold":
+            from stenograph.interpose.approvals import ApprovalDenied, approval
+
+            try:
+                approval(self._target, str(d.get("summary") or self._target))
+                return
+            except ApprovalDenied as exc:
+                self._refuse(refused(f"stenograph: {exc}"))
+        self._refuse(refused(f"stenograph: the run's policy denies {self._target}"
+                             + (f" ({d['reason']})" if d.get("reason") not in (None, "policy")
+                                else "")))
+
     @contextlib.contextmanager
-    def sending(self) -> Iterator[None]:
-        """The real call, tape paused; what it raises is committed, then re-raised. An
-        effect is sent only once its intent is durable (``PyTape.intent``)."""
+    def sending(self, refused: Callable[[str], BaseException] = IntentNotDurable
+                ) -> Iterator[None]:
+        """The real call, tape paused; what it raises is committed, then re-raised
+        (``before_send`` first)."""
         with self.tape.shim.paused():
-            if self.effect and self.tape.resuming:
-                self._settle_in_doubt()
-            if self.effect and not self.tape.intent(self.channel, self.pos, self._target,
-                                                    self._body, self._key, self.fp):
-                exc = IntentNotDurable(f"stenograph could not make the intent of "
-                                       f"{self._target} durable; the request was not sent")
-                self.failed(exc)
-                raise exc
+            self.before_send(refused)
             try:
                 yield
             except Exception as exc:

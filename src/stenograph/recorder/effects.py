@@ -85,7 +85,7 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
     st = TrajectoryState(traj)
     by_id: dict[str, Effect] = {}
     asked: dict[str, ApprovalState] = {}
-    ended = False
+    ended = stopped = False
     for ev in events:
         st.events += 1
         body = ev.body if isinstance(ev.body, dict) else {}
@@ -121,14 +121,17 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
                 if eff is not None and eff.result_lsn is None:
                     eff.result_lsn = ev.lsn
                     eff.state = "settled"
-        elif ev.kind == "Settled":
+        elif ev.kind in ("Settled", "ToolResult"):  # a person's word, a late result
             eff = by_id.get(str(body.get("call_id")))
             if eff is not None and eff.state == "in-doubt":
                 eff.state = "settled"
-                eff.decision = str(body.get("as"))
+                eff.decision = str(body.get("as", "done"))
         elif ev.kind == "LeaseAcquired":
             st.epoch = max(st.epoch, int(body.get("epoch", 0)))
             st.holder = body.get("pid")
+            stopped = False
+        elif ev.kind == "Authorized":
+            stopped = body.get("decision") == "stop"
         elif ev.kind == "RunEnded":
             ended = True
             st.exit_status = body.get("status")
@@ -140,6 +143,8 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
         st.state = "running"
     elif any(not a.used for a in st.approvals):
         st.state = "paused"
+    elif stopped:
+        st.state = "stopped"
     else:
         st.state = "needs-attention" if any(e.state == "in-doubt" for e in st.effects) \
             else "crashed"

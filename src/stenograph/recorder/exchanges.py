@@ -24,8 +24,9 @@ from typing import Any
 
 import msgpack
 
-from stenograph.recorder.blobs import BlobStore, blob_refs
+from stenograph.recorder.blobs import BlobRef, BlobStore, blob_refs
 from stenograph.recorder.codec import Event
+from stenograph.recorder.errors import StenographError
 from stenograph.recorder.seqpacket import SeqpacketServer
 
 MAX_MESSAGE = 1 << 20
@@ -61,8 +62,13 @@ class ExchangeServer:
                  after_model: Callable[[str, int, int], None] | None = None,
                  before_intent: Callable[[], None] | None = None,
                  before_append: Callable[[], None] | None = None,
-                 before_approval: Callable[[], None] | None = None) -> None:
+                 before_approval: Callable[[], None] | None = None,
+                 authorizer: Any = None) -> None:
         self.store = store
+        self.authorizer = authorizer
+        """``recorder.policy.Authorizer`` when the run has a policy or a budget."""
+        self.stopped_for: str | None = None
+        """Why a budget stopped the run (the program then exits 6)."""
         self._before_approval = before_approval
         """Called before an ``ApprovalRequested`` is appended: the checkpoint of a pause."""
         self.paused_for: str | None = None
@@ -98,6 +104,9 @@ class ExchangeServer:
                 self._before_intent()
             if self._before_append is not None:
                 self._before_append()
+            if body.get("kind") == "Authorize":
+                self._authorize(conn, body)
+                return
             if body.get("kind") == "ApprovalRequested":
                 if self._before_approval is not None:
                     self._before_approval()
@@ -122,10 +131,45 @@ class ExchangeServer:
         with self._lock:  # one thread per connected process
             self.count += 1
             self.bodies_lost += _lost_bodies(body) > 0
+            if self.authorizer is not None and body.get("channel") == "model":
+                self._spend(body)
         if self._after_model is not None and body.get("channel") == "model":
             pos = body.get("pos")
             self._after_model(str(body.get("proc")), pos if isinstance(pos, int) else -1, lsn)
         conn.sendall(ACK)
+
+    def _authorize(self, conn: socket.socket, body: dict[str, Any]) -> None:
+        """Decide (policy, budget), append ``Authorized`` first, then answer the decision."""
+        with self._lock:
+            if self.authorizer is None:
+                answer = {"decision": "allow"}
+            else:
+                answer = self.authorizer.decide(str(body.get("target")),
+                                                str(body.get("channel")))
+                if answer["decision"] == "stop":
+                    self.stopped_for = str(answer["reason"])
+        if self.authorizer is not None:
+            self.store.append(self.traj, "Authorized",
+                              {"call_id": body.get("call_id"), **answer}, durable=False)
+        conn.sendall(msgpack.packb(answer, use_bin_type=True))
+
+    def _spend(self, entry: dict[str, Any]) -> None:
+        self.spend_into(self.authorizer, entry, self.store.blobs)
+
+    @staticmethod
+    def spend_into(authorizer: Any, entry: dict[str, Any], blobs: BlobStore) -> None:
+        """Count a model exchange's tokens (and dollars) against the run's budget."""
+        from stenograph.recorder.policy import usage_of
+
+        resp = entry.get("response")
+        body = resp.get("body") if isinstance(resp, dict) else None
+        if isinstance(body, dict):
+            try:
+                body = blobs.get(BlobRef.from_body(body))
+            except (OSError, KeyError, ValueError, StenographError):
+                body = None
+        if isinstance(body, bytes):
+            authorizer.budget.spend(*usage_of(body))
 
     def loss_note(self) -> str | None:
         """What the run's report must say about exchanges the recording lacks, or None."""

@@ -84,7 +84,8 @@ def plan(traj: str, events: Sequence[Event]) -> ResumePlan:
     started = next((e.body for e in seen if e.kind == "RunStarted"), {})
     kept = [e for e in seen if e.seq <= cut or e.kind not in DROPPED_AFTER_CUT]
     intents = {str(e.body.get("call_id")): e.body for e in seen if e.kind == "ToolIntent"}
-    settled = {str(e.body.get("call_id")): e.body for e in seen if e.kind == "Settled"}
+    settled = {str(e.body.get("call_id")): e.body for e in seen
+               if e.kind in ("Settled", "ToolResult")}
     p = ResumePlan(state, cut, kept, started if isinstance(started, dict) else {})
     for eff in state.effects:
         intent = intents.get(eff.call_id, {})
