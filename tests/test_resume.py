@@ -401,3 +401,59 @@ def test_a_late_result_is_delivered_and_handed_over_at_resume(tmp_path: Path) ->
         assert late.returncode == 2 and "has ended" in late.stderr
     finally:
         svc.stop()
+
+
+def test_a_worker_paused_past_its_lease_is_fenced_and_another_finishes(
+        tmp_path: Path) -> None:
+    """Worker A is stopped (SIGSTOP, the whole group) with its second payment on the
+    wire; its lease expires; worker B resumes the trajectory (epoch 1), re-issues that
+    payment with its key and finishes. A is continued: its late request is refused by
+    the service's fencing gate, and A itself stops in one line (exit 8), having written
+    nothing more. Every payment was made once."""
+    (tmp_path / "p.py").write_text(PROGRAM)
+    store = tmp_path / "s"
+    release, stopped = threading.Event(), threading.Event()
+    a_proc: list[subprocess.Popen[str]] = []
+    with EffectService() as svc:
+        posts = [0]
+
+        def on_effect(path: str, headers: dict[str, str]) -> None:
+            posts[0] += 1
+            if posts[0] == 2:  # A's second payment: A stops, its request waits
+                os.killpg(a_proc[0].pid, signal.SIGSTOP)
+                stopped.set()
+                release.wait(60)
+
+        svc.on_effect = on_effect
+        a = subprocess.Popen([*CLI, "record", "--store", str(store), "--traj", "t",
+                              "--workspace", "none", "--lease-ttl", "1", "-o",
+                              str(tmp_path / "t.steno"), "--", sys.executable,
+                              str(tmp_path / "p.py"), svc.url], cwd=tmp_path, env=_env(),
+                             start_new_session=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        a_proc.append(a)
+        try:
+            assert stopped.wait(60)
+            held = subprocess.run([*CLI, "resume", str(store), "t"], cwd=tmp_path,
+                                  env=_env(), capture_output=True, text=True, timeout=60)
+            assert held.returncode == 2 and "is held by pid" in held.stderr  # lease live
+            time.sleep(1.5)  # A's lease runs out
+            b = subprocess.run([*CLI, "resume", str(store), "t", "--lease-ttl", "1"],
+                               cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                               timeout=120)
+            assert b.returncode == 0, b.stderr
+            assert "done True" in b.stdout
+        finally:
+            release.set()
+            os.killpg(a.pid, signal.SIGCONT)
+        _out, err = a.communicate(timeout=60)
+        assert a.returncode == 8, err
+        lines = [ln for ln in err.splitlines() if ln.startswith("stenograph: error")]
+        assert len(lines) == 1 and "lease" in lines[0], err
+        assert svc.stats()["rejected_stale"] == 1
+        assert sorted(p["amount"] for p in svc.payments) == list(range(PAYMENTS))
+    (st,) = states(store, "t")
+    assert st.state == "ended" and st.epoch == 1
+    exp = subprocess.run([*CLI, "log", "verify", str(store)], capture_output=True,
+                         text=True, env=_env())
+    assert exp.returncode == 0, exp.stderr

@@ -28,10 +28,12 @@ import click
 
 from stenograph.cli_checks import traj_id
 from stenograph.cli_run import (
+    Worker,
     _exit_code,
     _Flusher,
     _shim_env,
     _stalls,
+    lease_option,
     make_authorizer,
     policy_options,
     replay_env,
@@ -43,7 +45,14 @@ from stenograph.interpose.shim import PROTOCOL
 from stenograph.interpose.workspace import recorded_rules, start_snapshot
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.checkpoints import Checkpointer
-from stenograph.recorder.errors import BadInput, NeedsPerson, Paused, ReplayDiverged, Stopped
+from stenograph.recorder.errors import (
+    BadInput,
+    NeedsPerson,
+    Paused,
+    ReplayDiverged,
+    StenographError,
+    Stopped,
+)
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.resumes import ResumePlan, plan, settled_entry
@@ -70,9 +79,10 @@ from stenograph.recorder.tape import RecordSession, prepare_tape, read_divergenc
               "says: services known to ignore idempotency keys (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
 @policy_options
+@lease_option
 def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
            as_json: bool, policy_file: str | None, budget_tokens: int | None,
-           budget_usd: float | None, prices_file: str | None) -> None:
+           budget_usd: float | None, prices_file: str | None, lease_ttl: float) -> None:
     """Resume TRAJ in STORE: replay what it recorded up to the crash, then go on live.
 
     Nothing recorded is done twice: model replies and tool results come from the log;
@@ -107,16 +117,33 @@ def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
     if recorded != str(PROTOCOL):
         raise BadInput(f"recorded with shim protocol {recorded}; this stenograph speaks "
                        f"{PROTOCOL}", str(store))
-    for d in rp.in_doubt:
-        url = d["target"].partition(" ")[2]
-        http = not d["target"].startswith("tool ")
-        d["settle"] = "person" if http and (settle_http == "escalate" or any(
-            p.search(url) for p in patterns)) else "reissue"
-    if authorizer is not None:  # what the prefix spent counts
-        for ev in rp.events:
-            if ev.kind == "Exchange" and ev.body.get("channel") == "model":
-                ExchangeServer.spend_into(authorizer, ev.body, BlobStore(store / "blobs"))
-    outcome = _run(store, traj, rp, authorizer)
+    worker = Worker(store, traj, rp.state.epoch + 1, lease_ttl)
+    try:
+        # read again now that this worker holds the store: nothing can be appended
+        # between this plan and the claim (a worker that lost its lease is fenced)
+        rp = plan(traj, list(StoreReader(store).events(traj=traj)))
+        if rp.state.state == "ended":
+            _say(as_json, {"traj": traj, "resumed": False, "state": "ended",
+                           "exit_status": rp.state.exit_status},
+                 f"stenograph: {traj} already ended (exit {rp.state.exit_status})")
+            return
+        for d in rp.in_doubt:
+            url = d["target"].partition(" ")[2]
+            http = not d["target"].startswith("tool ")
+            d["settle"] = "person" if http and (settle_http == "escalate" or any(
+                p.search(url) for p in patterns)) else "reissue"
+        if authorizer is not None:  # what the prefix spent counts
+            for ev in rp.events:
+                if ev.kind == "Exchange" and ev.body.get("channel") == "model":
+                    ExchangeServer.spend_into(authorizer, ev.body, BlobStore(store / "blobs"))
+        outcome = _run(store, traj, rp, worker, authorizer)
+    except StenographError:
+        lost = worker.fenced()
+        if lost is not None:
+            raise lost from None
+        raise
+    finally:
+        worker.close()
     _finish(traj, rp, outcome, as_json)
 
 
@@ -131,16 +158,17 @@ def _say(as_json: bool, doc: dict[str, Any], line: str) -> None:
     click.echo(line, err=True)
 
 
-def _run(store: Path, traj: str, rp: ResumePlan, authorizer: Any = None) -> dict[str, Any]:
+def _run(store: Path, traj: str, rp: ResumePlan, worker: Worker,
+         authorizer: Any = None) -> dict[str, Any]:
     """Claim, restore, run; the outcome for the report."""
     started = rp.started
     tape = Path(tempfile.mkdtemp(prefix="steno-resume-"))
     sock_dir = Path(tempfile.mkdtemp(prefix="steno-rec-"))
-    out: dict[str, Any] = {"epoch": rp.state.epoch + 1, "cut": rp.cut,
+    epoch = max(worker.epoch, rp.state.epoch + 1)
+    out: dict[str, Any] = {"epoch": epoch, "cut": rp.cut,
                            "in_doubt": [d["call_id"] for d in rp.in_doubt]}
     try:
-        with Store(store) as s:
-            epoch = rp.state.epoch + 1
+        with Store(store, shared=True) as s:
             s.append(traj, "LeaseAcquired", {"epoch": epoch, "pid": os.getpid(),
                                              "host": os.uname().nodename, "by": "resume",
                                              "resumed_at": rp.cut})
@@ -183,12 +211,15 @@ def _run(store: Path, traj: str, rp: ResumePlan, authorizer: Any = None) -> dict
                 result = run_under_shim(
                     [str(a) for a in started["argv"]], _shim_env(env, "replay", **extra),
                     cwd=cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None,
-                    passthrough=True, seal=_seal(started, tape, sock_dir, store))
+                    passthrough=True, seal=_seal(started, tape, sock_dir, store),
+                    started=worker.started)
             finally:
                 flusher.close()
                 exchanges.close()
                 stats = session.close()
             out["seconds"] = round(time.monotonic() - t0, 3)
+            if (lost := worker.fenced()) is not None:
+                raise lost
             out["status"] = result.status
             divs = [d for d in read_divergences(tape) if d.kind == "divergence"]
             attention = tape / resume_plan.ATTENTION

@@ -16,6 +16,7 @@ a pass).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -63,6 +64,7 @@ from stenograph.recorder.errors import (
     ReplayDiverged,
     StenographError,
     Stopped,
+    StoreFenced,
     WriteFailed,
 )
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
@@ -182,6 +184,58 @@ def policy_options(fn: Any) -> Any:
     return fn
 
 
+class Worker:
+    """The lease a worker (record, resume) holds on its store while it runs, renewed by
+    a heartbeat; when another worker takes the trajectory over (this one was paused past
+    its lease), the program is killed at once and the run ends fenced (exit 8)."""
+
+    def __init__(self, store: Path, traj: str, epoch: int, ttl: float) -> None:
+        from stenograph.recorder.leases import Heartbeat, LocalLeases
+        from stenograph.recorder.reader import is_store
+        from stenograph.recorder.store import init_store
+
+        if not is_store(store):  # the lease lives in the store: make it first
+            init_store(store)
+        self.leases = LocalLeases(store)
+        self.lease = self.leases.acquire(traj, epoch, ttl)
+        self.proc: Any = None
+        self.lost_to: Any = None
+        self.heartbeat = Heartbeat(self.leases, self.lease, ttl, self._lost)
+
+    @property
+    def epoch(self) -> int:
+        return self.lease.epoch
+
+    def started(self, proc: Any) -> None:
+        self.proc = proc
+
+    def _lost(self, now: Any) -> None:
+        self.lost_to = now
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+
+    def fenced(self) -> StoreFenced | None:
+        """The error to end with if the lease was lost, else None."""
+        if not self.heartbeat.is_lost:
+            return None
+        who = self.lost_to
+        by = f" by pid {who.pid} on {who.host} at epoch {who.epoch}" if who else ""
+        return StoreFenced(f"lost the lease on {self.lease.traj}: taken over{by} while this "
+                           "worker was not renewing it; this worker stopped", None)
+
+    def close(self) -> None:
+        self.heartbeat.close()
+
+
+def lease_option(fn: Any) -> Any:
+    return click.option("--lease-ttl", type=click.FloatRange(min=0.1), default=30.0,
+                        show_default=True, metavar="SECONDS",
+                        help="How long the worker's lease on the store lasts unrenewed: "
+                        "after that, a worker that stopped (killed, paused) can be taken "
+                        "over by `stenograph resume`.")(fn)
+
+
 def make_authorizer(policy_file: str | None, budget_tokens: int | None,
                     budget_usd: float | None, prices_file: str | None) -> Any:
     """The recorder's ``Authorizer`` for these options, or None (no checks, no cost)."""
@@ -230,12 +284,13 @@ def stopped_line(traj: str, reason: str) -> str:
               metavar="HOURS", help="Mean time between failures the checkpoint cadence "
               "is chosen for.")
 @policy_options
+@lease_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_loop: bool,
            workspaces: tuple[str, ...], ws_ignore: tuple[str, ...], ws_max: str | None,
            checkpoint_every: int | None, mtbf: float, policy_file: str | None,
            budget_tokens: int | None, budget_usd: float | None, prices_file: str | None,
-           cmd: tuple[str, ...]) -> None:
+           lease_ttl: float, cmd: tuple[str, ...]) -> None:
     """Run CMD under the tape and record everything it reads from the world.
 
     The workspace (the working directory unless --workspace says otherwise) is
@@ -264,7 +319,8 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
         env = _base_env()
         try:
             stats, exchanges, stalls, result = _record_into(
-                store_path, traj, argv, env, tmp, asyncio_loop, ran, ws, cadence, authorizer)
+                store_path, traj, argv, env, tmp, asyncio_loop, ran, ws, cadence, authorizer,
+                lease_ttl)
             from stenograph.recorder.trajfile import export_trajectory
 
             export_trajectory(store_path, traj, out)
@@ -343,12 +399,29 @@ def _record_failed(exc: OSError, store_path: Path, existed: bool, traj: str,
 def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, str],
                  tmp: str, asyncio_loop: bool, ran: dict[str, Any],
                  ws: WorkspacePlan | None = None, cadence: Cadence | None = None,
-                 authorizer: Any = None,
+                 authorizer: Any = None, lease_ttl: float = 30.0,
                  ) -> tuple[Any, Any, list[dict[str, str]], RunResult]:
     """Run ARGV under the tape into STORE_PATH: RunStarted, the start checkpoint, the
     run, the end checkpoint, RunEnded. The program's result goes into ``ran`` as soon as
     it has one (a failure after it must still report the program's exit status)."""
-    with Store(store_path) as store:
+    worker = Worker(store_path, traj, 0, lease_ttl)
+    try:
+        return _record_leased(store_path, traj, argv, env, tmp, asyncio_loop, ran, ws,
+                              cadence, authorizer, worker)
+    except StenographError:
+        lost = worker.fenced()  # the store refused this writer: say why, in one line
+        if lost is not None:
+            raise lost from None
+        raise
+    finally:
+        worker.close()
+
+
+def _record_leased(store_path: Path, traj: str, argv: list[str], env: dict[str, str],
+                   tmp: str, asyncio_loop: bool, ran: dict[str, Any],
+                   ws: WorkspacePlan | None, cadence: Cadence | None, authorizer: Any,
+                   worker: Worker) -> tuple[Any, Any, list[dict[str, str]], RunResult]:
+    with Store(store_path, shared=True) as store:
         first = store.append(traj, "RunStarted", {
             "argv": recorded_argv(argv, dict(os.environ)),
             "cwd": os.getcwd(),
@@ -363,7 +436,7 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             "tmp_names": _tmp_names(env),  # what a resume leaves visible in /tmp
         })
         # the recording is the trajectory's first lease: epoch 0, this recorder
-        store.append(traj, "LeaseAcquired", {"epoch": 0, "pid": os.getpid(),
+        store.append(traj, "LeaseAcquired", {"epoch": worker.epoch, "pid": os.getpid(),
                                              "host": os.uname().nodename, "by": "record"})
         checkpoints = None
         if ws is not None:
@@ -386,8 +459,9 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             result = run_under_shim(argv, _shim_env(
                 env, "record", STENO_SOCK=session.sock_path,
                 STENO_PYSOCK=exchanges.path, STENO_STORE=str(store_path.resolve()),
-                STENO_TRAJ=traj, STENO_EPOCH="0",
-                **loop_env, **({"STENO_AUTHORIZE": "1"} if authorizer else {})))
+                STENO_TRAJ=traj, STENO_EPOCH=str(worker.epoch),
+                **loop_env, **({"STENO_AUTHORIZE": "1"} if authorizer else {})),
+                started=worker.started)
             ran["result"] = result
         finally:
             flusher.close()
@@ -395,6 +469,8 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
             ran["lost"] = exchanges.loss_note()
             stats = session.close()
         stalls = _stalls(Path(session.sock_path).parent / "stalls")
+        if (lost := worker.fenced()) is not None:
+            raise lost
         if exchanges.paused_for is not None or exchanges.stopped_for is not None:
             return stats, exchanges, stalls, result  # not ended: it goes on at a resume
         if checkpoints is not None:

@@ -17,6 +17,7 @@ import click
 from stenograph.cli_checks import traj_id
 from stenograph.recorder.effects import TrajectoryState, fold
 from stenograph.recorder.errors import BadInput
+from stenograph.recorder.leases import LocalLeases
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.resumes import view
 from stenograph.recorder.store import writer_holds
@@ -26,13 +27,15 @@ def states(store: Path, traj: str | None = None) -> list[TrajectoryState]:
     if not (store / "wal").is_dir():
         raise BadInput("not a store (no wal/ directory)", str(store))
     reader = StoreReader(store)
-    alive = writer_holds(store)
+    alive = writer_holds(store)  # an exclusive writer: any trajectory may be moving
+    lease = LocalLeases(store).held_by_other()  # a worker's lease: its trajectory is
     by_traj: dict[str, list] = {}
     for ev in reader.events(traj=traj):
         by_traj.setdefault(ev.traj, []).append(ev)
     if traj is not None and traj not in by_traj:
         raise BadInput(f"no trajectory {traj!r} in the store", str(store))
-    return [fold(t, view(evs), writer_alive=alive) for t, evs in sorted(by_traj.items())]
+    return [fold(t, view(evs), writer_alive=alive or (lease is not None and lease.traj == t))
+            for t, evs in sorted(by_traj.items())]
 
 
 @click.command("status")

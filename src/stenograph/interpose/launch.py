@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -405,6 +405,7 @@ def run_under_shim(
     aslr_off: bool = True,
     seal: Seal | None = None,
     cut: tuple[int, int] | None = None,
+    started: Callable[[subprocess.Popen[bytes]], Any] | None = None,
 ) -> RunResult:
     """Run ``argv`` with ``env`` (which carries LD_PRELOAD and STENO_*); wait for it.
     With ``seal``, in a private mount namespace (see ``Seal``); ``SealUnavailable`` if
@@ -428,6 +429,8 @@ def run_under_shim(
         ) from None
     except OSError as exc:
         raise BadInput(f"cannot run command: {exc.strerror}", argv[0]) from None
+    if started is not None:
+        started(proc)
     out_h = OutputDigest(cut[0] if cut else None)
     err_h = OutputDigest(cut[1] if cut else None)
     out_keep: list[bytes] | None = [] if capture else None

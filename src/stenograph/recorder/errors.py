@@ -20,6 +20,7 @@ __all__ = [
     "ReplayDiverged",
     "StenographError",
     "Stopped",
+    "StoreFenced",
     "StoreLocked",
     "StorePoisoned",
     "UnknownKind",
@@ -50,6 +51,13 @@ class NotAStore(BadInput):
 
 class StoreLocked(BadInput):
     """Another process holds the store's writer lock."""
+
+
+class StoreFenced(StenographError):
+    """This writer lost the store: another worker took the trajectory over (its lease
+    expired, e.g. the process was paused past it). Nothing more is written."""
+
+    exit_code = 8
 
 
 class FormatVersionError(BadInput):

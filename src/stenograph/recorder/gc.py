@@ -45,8 +45,10 @@ from stenograph.recorder.errors import (
     BadInput,
     CorruptLog,
     StenographError,
+    StoreLocked,
     WriteFailed,
 )
+from stenograph.recorder.leases import LocalLeases
 from stenograph.recorder.reader import StoreReader, TornTail, check_store
 from stenograph.recorder.snapshots import unpack_manifest
 from stenograph.recorder.store import take_lock
@@ -122,9 +124,16 @@ def _lock(path: Path, dry_run: bool) -> int | None:
     no ``LOCK`` yet, and a dry run does not make one."""
     if dry_run and not (path / "LOCK").exists():
         return None
-    return take_lock(path, record_pid=not dry_run,
-                     refusal="store is locked by a writer (pid {pid}); gc does not run "
-                     "beside a live recording: run it once the writer has ended")
+    fd = take_lock(path, record_pid=not dry_run,
+                   refusal="store is locked by a writer (pid {pid}); gc does not run "
+                   "beside a live recording: run it once the writer has ended")
+    other = LocalLeases(path).held_by_other()  # a worker between two of its writes
+    if other is not None:
+        os.close(fd)
+        raise StoreLocked(f"{other.traj} is running (pid {other.pid}); gc does not run "
+                          "beside a live recording: run it once the writer has ended",
+                          str(path))
+    return fd
 
 
 def _live(path: Path, blobs: BlobStore, report: GcReport) -> set[str]:

@@ -25,8 +25,11 @@ import contextlib
 import fcntl
 import os
 import re
+import secrets
 import shutil
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,7 @@ from stenograph.recorder.errors import (
     BadInput,
     NotAStore,
     StenographError,
+    StoreFenced,
     StoreLocked,
     StorePoisoned,
 )
@@ -137,9 +141,11 @@ class _SyncFailed(OSError):
 def _refused(exc: StorePoisoned, path: Path) -> BaseException:
     """A poisoned store whose write the system refused before anything was synced (a
     full disk, no room for the next segment) is that ``OSError`` to callers, naming the
-    store, so a command says it in one line and exits 5 (``WriteFailed``) rather than 3;
+    store, so a command says it in one line and exits 7 (``WriteFailed``) rather than 3;
     the store still takes no more writes. A failed sync stays ``StorePoisoned``."""
     cause = exc.__cause__
+    if isinstance(cause, StoreFenced):
+        return cause
     if (isinstance(cause, OSError) and not isinstance(cause, _SyncFailed)
             and cause.errno in WRITE_ERRNOS):
         err = OSError(cause.errno, cause.strerror, str(path))
@@ -159,12 +165,21 @@ def _write_metadata(path: Path, salt: bytes) -> None:
 
 
 class Store:
-    """A writable store. One per directory at a time (``StoreLocked`` otherwise)."""
+    """A writable store. One writer at a time (``StoreLocked`` otherwise).
+
+    An exclusive writer (the default) holds ``LOCK`` from open to close, and refuses to
+    open while another worker's lease is live (``recorder/leases.py``). A *shared*
+    writer -- a worker holding the store's lease: ``record``, ``resume`` -- takes
+    ``LOCK`` only to open and for each batch, so a worker paused past its lease does not
+    keep the store from the one that takes over. Each batch first checks ``WRITER``, the
+    stamp the last writer left: if it is not this writer's own, another has written
+    since, and this one is fenced (``StoreFenced``): it writes nothing more."""
 
     def __init__(self, path: str | Path, *, create: bool = True,
-                 settings: StoreSettings | None = None) -> None:
+                 settings: StoreSettings | None = None, shared: bool = False) -> None:
         self.path = Path(path)
         self.settings = settings or StoreSettings()
+        self._shared = shared
         made, existed = False, True
         if not is_store(self.path):
             if not create:
@@ -179,7 +194,17 @@ class Store:
                 _unmake(self.path, existed)
             raise _named(exc, self.path) from None
         try:
+            if not shared:
+                from stenograph.recorder.leases import LocalLeases
+
+                other = LocalLeases(self.path).held_by_other()
+                if other is not None:
+                    raise StoreLocked(f"store is in use: {other.traj} is running (pid "
+                                      f"{other.pid} on {other.host}, epoch {other.epoch})",
+                                      str(self.path))
             self._open()
+            self._stamp = f"{secrets.token_hex(8)}:{self._gc.next_lsn}"
+            _write_stamp(self.path, self._stamp)
         except BaseException as exc:
             os.close(self._lock_fd)
             if made:  # a store that could not get its first segment is no store
@@ -187,6 +212,9 @@ class Store:
             if isinstance(exc, OSError):
                 raise _named(exc, self.path) from None
             raise
+        if shared:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
         self.blobs = BlobStore(self.path / "blobs")
 
     def _open(self) -> None:
@@ -347,7 +375,10 @@ class Store:
                 self._closed = True
             if self._gc._error is None:
                 try:
-                    self._write_marked([], 0, self._gc.next_lsn)
+                    with self._turn(self._gc.next_lsn):
+                        self._write_marked([], 0, self._gc.next_lsn)
+                except StoreFenced:  # another writer's store now: leave it alone
+                    pass
                 except OSError as exc:  # the events are durable; only the seal is missing
                     raise _named(exc, self.path) from None
         finally:
@@ -355,7 +386,9 @@ class Store:
             if self._spare is not None:
                 self._spare.join()
             self._seg.close()
-            os.close(self._lock_fd)
+            if self._lock_fd >= 0:  # (a shared writer holds it only per batch)
+                os.close(self._lock_fd)
+                self._lock_fd = -1
 
     def __enter__(self) -> Store:
         return self
@@ -372,7 +405,27 @@ class Store:
     # -- the write path (leader only) ------------------------------------------------
 
     def _write_batch(self, frames: list[bytes], nbytes: int, first: int, last: int) -> None:
-        self._write_marked(frames, nbytes, first)
+        with self._turn(last + 1):
+            self._write_marked(frames, nbytes, first)
+
+    @contextlib.contextmanager
+    def _turn(self, next_lsn: int) -> Iterator[None]:
+        """Shared mode: hold ``LOCK`` around one write, and only while this is still the
+        store's last writer (``StoreFenced`` otherwise); the stamp then says so again."""
+        if not self._shared:
+            yield
+            return
+        fd = _wait_lock(self.path)
+        try:
+            if _read_stamp(self.path) != self._stamp:
+                raise StoreFenced("another worker has written to the store since: this "
+                                  "one lost its lease and writes nothing more",
+                                  str(self.path))
+            yield
+            self._stamp = f"{self._stamp.partition(':')[0]}:{next_lsn}"
+            _write_stamp(self.path, self._stamp)
+        finally:
+            os.close(fd)
 
     def _write_marked(self, parts: list[bytes], nbytes: int, first: int) -> None:
         """Write a batch marker for ``first`` and then ``parts``; sync.
@@ -471,6 +524,37 @@ class Store:
 
         self._spare = threading.Thread(target=fill, name="stenograph-spare", daemon=True)
         self._spare.start()
+
+
+def _read_stamp(path: Path) -> str:
+    try:
+        return (path / "WRITER").read_text()
+    except OSError:
+        return ""
+
+
+def _write_stamp(path: Path, stamp: str) -> None:
+    """Not synced: the stamp is only ever compared between live writers."""
+    fd = os.open(path / "WRITER", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, stamp.encode())
+    finally:
+        os.close(fd)
+
+
+LOCK_WAIT = 30.0
+"""Seconds a shared writer waits for ``LOCK`` (another writer's batch, a short command)."""
+
+
+def _wait_lock(path: Path) -> int:
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            return take_lock(path)
+        except StoreLocked:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.002)
 
 
 def take_lock(path: Path, *, record_pid: bool = True,

@@ -167,6 +167,13 @@ def _handler(svc: EffectService) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(n) if n else b""
             with svc._lock:
                 svc.requests += 1
+            path = urlsplit(self.path).path
+            try:
+                if svc.on_effect is not None:
+                    svc.on_effect(path, dict(self.headers.items()))
+            except Drop:
+                self.close_connection = True
+                return
             if not svc.gate.admit(self.headers.get(HEADER)):
                 with svc._lock:
                     svc.rejected_stale += 1
@@ -176,13 +183,6 @@ def _handler(svc: EffectService) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(raw or b"{}")
             except ValueError:
                 self._send(400, {"error": "body is not JSON"})
-                return
-            path = urlsplit(self.path).path
-            try:
-                if svc.on_effect is not None:
-                    svc.on_effect(path, dict(self.headers.items()))
-            except Drop:
-                self.close_connection = True
                 return
             if path == "/payments":
                 status, out = svc.pay(body, self.headers.get("Idempotency-Key"))
