@@ -148,8 +148,9 @@ def test_the_readme_exit_codes_are_the_errors_exit_codes() -> None:
     listed = {int(n): what.strip() for n, what in re.findall(r"(\d) ([^·]+)", section)}
     by_code = {1: errors.ReplayDiverged, 2: errors.BadInput, 3: errors.CorruptLog,
                4: errors.NeedsPerson, 5: errors.Paused, 6: errors.Stopped,
-               7: errors.WriteFailed}
+               7: errors.WriteFailed, 8: errors.StoreFenced}
     assert sorted(listed) == [0, *sorted(by_code)]
     for code, cls in by_code.items():
         assert cls.exit_code == code, (code, cls)
     assert "paused" in listed[5] and "policy" in listed[6] and "write" in listed[7]
+    assert "lease" in listed[8]

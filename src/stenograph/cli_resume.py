@@ -43,8 +43,9 @@ from stenograph.interpose import resume_plan
 from stenograph.interpose.launch import Seal, run_under_shim, seal_roots
 from stenograph.interpose.shim import PROTOCOL
 from stenograph.interpose.workspace import recorded_rules, start_snapshot
-from stenograph.recorder.blobs import BlobStore
+from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.checkpoints import Checkpointer
+from stenograph.recorder.drift import signature, tool_calls_of
 from stenograph.recorder.errors import (
     BadInput,
     NeedsPerson,
@@ -77,11 +78,17 @@ from stenograph.recorder.tape import RecordSession, prepare_tape, read_divergenc
 @click.option("--escalate", "escalate", multiple=True, metavar="URL_REGEX",
               help="HTTP effects to URLs matching this are escalated whatever --settle-http "
               "says: services known to ignore idempotency keys (repeatable).")
+@click.option("--drift", type=click.Choice(["pin", "cross", "refuse"]), default="cross",
+              show_default=True, help="When a live model call differs from the recording's "
+              "last one (the model that answers, the model asked for, tool schemas, the "
+              "system prompt): note it as a Drift event and go on (cross), ask for the "
+              "recorded model (pin), or stop (refuse, exit 6). A changed schema of a tool "
+              "with an effect in doubt always stops.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
 @policy_options
 @lease_option
 def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
-           as_json: bool, policy_file: str | None, budget_tokens: int | None,
+           drift: str, as_json: bool, policy_file: str | None, budget_tokens: int | None,
            budget_usd: float | None, prices_file: str | None, lease_ttl: float) -> None:
     """Resume TRAJ in STORE: replay what it recorded up to the crash, then go on live.
 
@@ -136,7 +143,8 @@ def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
             for ev in rp.events:
                 if ev.kind == "Exchange" and ev.body.get("channel") == "model":
                     ExchangeServer.spend_into(authorizer, ev.body, BlobStore(store / "blobs"))
-        outcome = _run(store, traj, rp, worker, authorizer)
+        outcome = _run(store, traj, rp, worker, authorizer,
+                       _drift_plan(rp, drift, BlobStore(store / "blobs")))
     except StenographError:
         lost = worker.fenced()
         if lost is not None:
@@ -158,8 +166,35 @@ def _say(as_json: bool, doc: dict[str, Any], line: str) -> None:
     click.echo(line, err=True)
 
 
+def _body(value: Any, blobs: BlobStore) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    try:
+        return blobs.get(BlobRef.from_body(value))
+    except (OSError, KeyError, ValueError, StenographError, AttributeError):
+        return b""
+
+
+def _drift_plan(rp: ResumePlan, mode: str, blobs: BlobStore) -> dict[str, Any]:
+    """What a resumed program compares its live model calls with (``seam.drift_check``):
+    the recording's last model call, and the tools whose effects are in doubt."""
+    last, proposed = None, []
+    doubt = {d["call_id"] for d in rp.in_doubt}
+    tools: set[str] = {d["target"][5:] for d in rp.in_doubt if d["target"].startswith("tool ")}
+    for ev in rp.events:
+        if ev.kind == "Exchange" and ev.body.get("channel") == "model":
+            req, resp = ev.body.get("request") or {}, ev.body.get("response") or {}
+            reply = _body(resp.get("body"), blobs) if isinstance(resp, dict) else b""
+            last = signature(_body(req.get("body"), blobs), reply)
+            proposed = tool_calls_of(reply)
+        elif ev.kind == "ToolIntent" and ev.body.get("call_id") in doubt:
+            tools.update(proposed)
+    return {"mode": mode, "last": last.to_body() if last else None,
+            "in_doubt_tools": sorted(tools)}
+
+
 def _run(store: Path, traj: str, rp: ResumePlan, worker: Worker,
-         authorizer: Any = None) -> dict[str, Any]:
+         authorizer: Any = None, drift: dict[str, Any] | None = None) -> dict[str, Any]:
     """Claim, restore, run; the outcome for the report."""
     started = rp.started
     tape = Path(tempfile.mkdtemp(prefix="steno-resume-"))
@@ -184,7 +219,7 @@ def _run(store: Path, traj: str, rp: ResumePlan, worker: Worker,
             prepare_py_tape([*rp.events, *extra_events], tape, BlobStore(store / "blobs"))
             (tape / "py" / resume_plan.FILE).write_text(json.dumps(
                 {"in_doubt": {d["call_id"]: d for d in rp.in_doubt},
-                 "approvals": rp.approvals}))
+                 "approvals": rp.approvals, "drift": drift or {}}))
             checkpoints = _restore_workspace(s, store, traj, rp, out)
             session = RecordSession(s, traj, sock_dir / "tape.sock")
             exchanges = ExchangeServer(
@@ -331,6 +366,8 @@ def _finish(traj: str, rp: ResumePlan, out: dict[str, Any], as_json: bool) -> No
         raise Stopped(stopped_line(traj, out["stopped"]))
     if "divergences" in out:
         for d in out["divergences"][:5]:
+            if d.get("detail"):  # a Python hook's call: its report is the diff
+                continue  # (the program printed it already)
             click.echo(f"stenograph: divergence: process {d['proc']} thread {d['thread']} "
                        f"channel {d['channel']} position {d['position']}: recorded "
                        f"{d['recorded']}, asked {d['asked']}", err=True)

@@ -142,6 +142,9 @@ def install(client: ModuleType) -> None:
         if call.extra_headers:  # an effect's idempotency key, fencing token
             kwargs["headers"] = {**dict(kwargs.get("headers") or {}),
                                  **dict(call.extra_headers)}
+        if call.body_override is not None:  # a resume pinning its model (seam.drift_check)
+            kwargs = {k: v for k, v in kwargs.items() if k != "json"}
+            kwargs["data"] = call.body_override
         try:
             resp = await seam._aioloop().Drive(tape, orig(session, method, str_or_url, **kwargs),
                                                call.suspend["head"])
@@ -158,6 +161,9 @@ def install(client: ModuleType) -> None:
         if call.extra_headers:  # an effect's idempotency key, fencing token
             kwargs["headers"] = {**dict(kwargs.get("headers") or {}),
                                  **dict(call.extra_headers)}
+        if call.body_override is not None:  # a resume pinning its model (seam.drift_check)
+            kwargs = {k: v for k, v in kwargs.items() if k != "json"}
+            kwargs["data"] = call.body_override
         with call.sending(aiohttp.ClientConnectionError):
             resp = await orig(session, method, str_or_url, **kwargs)
         return await _recorded(tape, session, call, resp)

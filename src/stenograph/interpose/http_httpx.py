@@ -91,6 +91,13 @@ def install(mod: ModuleType) -> None:
         return mod.Response(status_code=rp.status, headers=[(k, v) for k, v in rp.headers],
                             stream=stream, extensions=rp.ext)
 
+    def _override(request: Any, call: seam.Call) -> None:
+        """A resume pinning its model (``seam.drift_check``): the request's new body."""
+        if call.body_override is not None:
+            request.stream = mod.ByteStream(call.body_override)
+            request._content = call.body_override
+            request.headers["Content-Length"] = str(len(call.body_override))
+
     def _begin(tape: PyTape, request: Any, body: bytes) -> seam.Call:
         return seam.begin(tape, request.method, str(request.url), _headers(request), body)
 
@@ -104,6 +111,7 @@ def install(mod: ModuleType) -> None:
                 return _replayed(tape, call, request, is_async=False)
             for k, v in call.extra_headers:  # an effect's idempotency key, fencing token
                 request.headers[k] = v
+            _override(request, call)
             with call.sending(lambda m: mod.ConnectError(m, request=request)):
                 resp = orig_sync(self, request)
         rec = call.received(resp.status_code, list(resp.headers.multi_items()),
@@ -139,6 +147,7 @@ def install(mod: ModuleType) -> None:
             call.before_send(lambda m: mod.ConnectError(m, request=request))
             for k, v in call.extra_headers:  # an effect's idempotency key, fencing token
                 request.headers[k] = v
+            _override(request, call)
         try:
             aio = seam._aioloop()
             resp = await aio.Drive(tape, orig_async(self, request), call.suspend["head"])
@@ -172,6 +181,7 @@ def install(mod: ModuleType) -> None:
                 return _replayed(tape, call, request, is_async=True)
             for k, v in call.extra_headers:
                 request.headers[k] = v
+            _override(request, call)
             with call.sending(lambda m: mod.ConnectError(m, request=request)):
                 resp = await orig_async(self, request)
         return _recorded_async(tape, call, request, resp)

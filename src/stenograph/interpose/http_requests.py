@@ -189,6 +189,9 @@ def install(adapters: ModuleType) -> None:
             return adapter.build_response(request, raw)
         for k, v in call.extra_headers:  # an effect's idempotency key, fencing token
             request.headers[k] = v
+        if call.body_override is not None:  # a resume pinning its model (seam.drift_check)
+            request.body = call.body_override
+            request.headers["Content-Length"] = str(len(call.body_override))
         with call.sending(lambda m: requests.exceptions.ConnectionError(m, request=request)):
             response = orig(adapter, request, True, timeout, verify, cert, proxies)
         real = response.raw

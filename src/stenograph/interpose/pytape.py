@@ -435,6 +435,11 @@ class PyTape:
             lines.append(f"nearest recorded (#{stream[nearest]['pos']}): "
                          f"{rec['method']} {rec['url']}")
             lines.extend("  " + d for d in request_diff(rec, request))
+            doubt = self.settlement().drift.get("in_doubt_tools") if self.resuming else None
+            if doubt and channel == "model" and any("body $.tools" in ln for ln in lines):
+                lines.insert(0, f"the tool schemas changed since the crash, and "
+                                f"{', '.join(doubt)} has an effect in doubt: refusing to "
+                                "resume (its recorded arguments would mean something else)")
         self.diverge(channel, pos, lines)
         if nearest is None:
             raise ReplayExhausted("\n".join(lines))

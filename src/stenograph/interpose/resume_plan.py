@@ -37,6 +37,9 @@ class Settlement:
 
     in_doubt: dict[str, dict[str, Any]] = field(default_factory=dict)
     tape_dir: Path | None = None
+    drift: dict[str, Any] = field(default_factory=dict)
+    """``mode`` (pin, cross, refuse), ``last``: the signature of the recording's last model
+    call (``recorder/drift.py``), ``in_doubt_tools``."""
     approvals: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Approvals requested before this resume, by call id: ``expires_at``, and once a
     person resolved it ``decision`` (approved / denied), ``by``, ``note``, ``at``."""
@@ -49,7 +52,7 @@ class Settlement:
             doc = json.loads((tape_dir / "py" / FILE).read_text())
         except (OSError, ValueError):
             return cls(tape_dir=tape_dir)
-        return cls(dict(doc.get("in_doubt") or {}), tape_dir,
+        return cls(dict(doc.get("in_doubt") or {}), tape_dir, dict(doc.get("drift") or {}),
                    dict(doc.get("approvals") or {}))
 
     def how(self, call_id: str, target: str) -> str | None:

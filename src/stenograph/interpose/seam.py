@@ -75,10 +75,15 @@ class IntentNotDurable(ConnectionError):
 STOPPED_EXIT = 6
 
 
-def stop_run(reason: str) -> NoReturn:
-    """A budget is spent: the process ends before the call, one line (exit 6)."""
+def stop_run(reason: str, tape: PyTape | None = None) -> NoReturn:
+    """A budget is spent, or a resume refuses drift: the process ends before the call,
+    one line (exit 6). With ``tape``, the recorder is told first (an ``Authorized``
+    ``stop``), so the run is left resumable, not ended; a budget's stop was the
+    recorder's own decision."""
     import os
 
+    if tape is not None:
+        tape.notify({"kind": "Stop", "reason": reason})
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     with contextlib.suppress(Exception):
@@ -248,6 +253,8 @@ class Body:
             response["ext"] = self.ext
         with tape.shim.paused():
             self.call.commit(response, self.error)
+            if self.call.channel == "model" and tape.resuming and complete:
+                served_check(tape, self.call.pos, b"".join(self.chunks))
 
 
 class Call:
@@ -258,6 +265,12 @@ class Call:
         self.tape = tape
         self.channel = classify(url)
         self.pos = tape.begin(self.channel)
+        self.body_override: bytes | None = None
+        """A body to send instead of the program's (a resume pinning its model): the hook
+        puts it in the request."""
+        if self.channel == "model" and tape.resuming and tape.mode == "record":
+            self.body_override = drift_check(tape, self.pos, body)
+            body = self.body_override if self.body_override is not None else body
         self.request, self.match, self.fp = describe(tape, method, url, headers, body)
         self.suspend: dict[str, list[Any]] = {"head": [], "chunks": []}
         self.effect = effects.is_effect(method, url, self.channel, tape.effect_urls,
@@ -380,6 +393,75 @@ class Call:
                  reason: str | None = None, ext: dict[str, Any] | None = None) -> Body:
         """The response head arrived: its body is recorded as the program reads it."""
         return Body(self, status, headers, reason, ext or {})
+
+
+def drift_check(tape: PyTape, pos: int, body: bytes) -> bytes | None:
+    """A live model call of a resumed run, against the last one before it (the
+    recording's, at first): what differs (model asked for, tool schemas, system prompt)
+    is a ``Drift`` event (``--drift cross``, the default), a refusal (``refuse``: exit
+    6, one line), or -- for the model -- the request pinned to the model that served
+    the recording (``pin``; returns the new body). A changed schema of a tool with an
+    effect in doubt always refuses."""
+    import json
+
+    from stenograph.recorder.drift import Signature, request_signature
+    from stenograph.recorder.effects import call_id
+
+    plan = tape.settlement().drift
+    last = plan.get("last")
+    if not isinstance(last, dict):
+        return None
+    old, live = Signature.from_body(last), request_signature(body)
+    cid = call_id(tape.proc, "model", pos)
+    doubt = sorted(set(old.changed_tools(live)) & set(plan.get("in_doubt_tools") or []))
+    if doubt:
+        stop_run(f"drift: the schema of tool {doubt[0]} changed since the crash and it has "
+                 "an effect in doubt: resuming would reinterpret its arguments", tape)
+    mode = plan.get("mode", "cross")
+    out = None
+    diffs = [(f, a, b) for f, a, b in old.differences(live) if f != "served"]
+    if mode == "pin" and any(f == "model" for f, _a, _b in diffs):
+        want = old.served or old.model
+        try:
+            doc = json.loads(body)
+            doc["model"] = want
+            out = json.dumps(doc, separators=(",", ":")).encode()
+            live = request_signature(out)
+            diffs = [(f, a, b) for f, a, b in old.differences(live) if f != "served"]
+        except (ValueError, TypeError):
+            out = None
+    if diffs and mode == "refuse":
+        f, a, b = diffs[0]
+        stop_run(f"drift: model call {cid}: {f} was {str(a)[:24]}, is {str(b)[:24]} now "
+                 "(--drift refuse)", tape)
+    for f, a, b in diffs:
+        tape.notify({"kind": "Drift", "call_id": cid, "field": f, "old": a, "new": b,
+                     "mode": mode})
+    plan["last"] = {**live.to_body(), "served": old.served}
+    return out
+
+
+def served_check(tape: PyTape, pos: int, response_body: bytes) -> None:
+    """After a resumed run's live model call: the model that answered, against the one
+    that answered before (``drift_check``)."""
+    from stenograph.recorder.effects import call_id
+    from stenograph.recorder.policy import usage_of
+
+    plan = tape.settlement().drift
+    last = plan.get("last")
+    served = usage_of(response_body)[0]
+    if not isinstance(last, dict) or served is None:
+        return
+    old = last.get("served")
+    last["served"] = served
+    if old is None or old == served:
+        return
+    cid = call_id(tape.proc, "model", pos)
+    tape.notify({"kind": "Drift", "call_id": cid, "field": "served", "old": old,
+                 "new": served, "mode": plan.get("mode", "cross")})
+    if plan.get("mode") == "refuse":
+        stop_run(f"drift: model call {cid} was answered by {served}, the recording by "
+                 f"{old} (--drift refuse)", tape)
 
 
 _ORPHANS: list[Body] = []

@@ -115,6 +115,18 @@ class ExchangeServer:
                 self.paused_for = str(body.get("call_id"))
                 conn.sendall(ACK)
                 return
+            if body.get("kind") == "Stop":  # the program stops itself (a drift refused)
+                self.stopped_for = str(body.get("reason"))
+                self.store.append(self.traj, "Authorized",
+                                  {"decision": "stop", "reason": self.stopped_for},
+                                  durable=True)
+                conn.sendall(ACK)
+                return
+            if body.get("kind") == "Drift":
+                self.store.append(self.traj, "Drift",
+                                  {k: v for k, v in body.items() if k != "kind"}, durable=True)
+                conn.sendall(ACK)
+                return
             if body.get("kind") == "ToolIntent":
                 self.store.append(self.traj, "ToolIntent",
                                   {k: v for k, v in body.items() if k != "kind"}, durable=True)

@@ -997,6 +997,8 @@ class _Handler(BaseHTTPRequestHandler):
             1 for m in req["messages"] if isinstance(m, Mapping) and m.get("role") == "assistant"
         )
         turn = app.turn_for(req, turn_index)
+        if app.serve_as is not None:  # a provider that moved the name to a new snapshot
+            req = {**req, "model": app.serve_as}
         ident = app.ident(path, req)
         request_id = f"req_{ident.sub('request')}"
         anthropic = api == "/messages"
@@ -1027,6 +1029,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         turn_index = earlier + responses_turns_in(req["input"])
         turn = app.turn_for(req, turn_index)
+        if app.serve_as is not None:
+            req = {**req, "model": app.serve_as}
         ident = app.ident(path, req)
         with app._lock:
             app._response_turns[f"resp_{ident.sub('id')}"] = turn_index + 1
@@ -1090,6 +1094,9 @@ class ModelServer:
         """Responses API: response id -> turns up to and including it (previous_response_id)."""
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self.serve_as: str | None = None
+        """The model every reply says answered it (None: the model asked for): set it to
+        play a provider that serves a new version under the same name (drift)."""
 
     # -- lifecycle -----------------------------------------------------------------
 
