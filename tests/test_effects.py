@@ -165,7 +165,7 @@ def test_killing_the_whole_tree_loses_no_intent_of_a_sent_effect(tmp_path: Path)
     prog = tmp_path / "loop.py"
     prog.write_text(LOOP)
     checked = 0
-    for trial in range(12):
+    for trial in range(6):
         store = tmp_path / f"s{trial}"
         with EffectService() as svc:
             keys: list[str | None] = []
@@ -191,7 +191,7 @@ def test_killing_the_whole_tree_loses_no_intent_of_a_sent_effect(tmp_path: Path)
         report = json.loads(st.stdout)
         assert report["state"] in ("crashed", "needs-attention", "ended")
         assert len(report["effects"]) >= len(received)
-    assert checked > 20, "the kills came before any effect was sent"
+    assert checked > 10, "the kills came before any effect was sent"
 
 
 TOOL_PROGRAM = """
