@@ -111,3 +111,32 @@ def test_an_expired_approval_is_a_denial(tmp_path: Path) -> None:
         assert res.returncode == 1, res.stderr  # the program's own traceback: denied
         assert "ApprovalDenied: deploy web1: approved after it expired by late" in res.stderr
         assert svc.stats()["requests"] == 0
+
+
+def test_an_approval_whose_precondition_no_longer_holds_is_a_denial(tmp_path: Path) -> None:
+    """Approved while the world was as the person saw it; by the resume it is not (the
+    server it was to replace is already there): the program is denied."""
+    (tmp_path / "p.py").write_text("""
+import requests, sys, stenograph
+base = sys.argv[1]
+def free():
+    return not requests.get(base + "/servers", params={"name": "web1"}).json()["servers"]
+try:
+    stenograph.approval("create web1", "web1 does not exist yet", precondition=free)
+    print("created", requests.post(base + "/servers", json={"name": "web1"}).json()["id"])
+except stenograph.ApprovalDenied as e:
+    print("denied:", e)
+""")
+    store = tmp_path / "s"
+    with EffectService() as svc:
+        rec = _cli("record", "--store", str(store), "--traj", "t", "--workspace", "none",
+                   "-o", str(tmp_path / "t.steno"), "--", sys.executable,
+                   str(tmp_path / "p.py"), svc.url, cwd=tmp_path)
+        assert rec.returncode == 5, rec.stderr
+        (call,) = _pending(store)
+        assert _cli("approve", str(store), "t", call, "--by", "ops").returncode == 0
+        svc.provision({"name": "web1"})  # someone else made it meanwhile
+        res = _cli("resume", str(store), "t", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert "denied: create web1: its precondition no longer holds" in res.stdout
+        assert svc.stats()["servers"] == 1

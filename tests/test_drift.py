@@ -110,3 +110,39 @@ def test_a_changed_schema_of_a_tool_in_doubt_refuses_in_one_line(tmp_path: Path)
         assert "the tool schemas changed since the crash, and" in res.stderr, res.stderr
         assert "provision" in res.stderr and "has an effect in doubt" in res.stderr
         assert svc.stats()["servers"] == 0  # nothing re-issued
+
+
+def test_status_names_the_tool_calls_the_model_proposed_and_nothing_made(
+        tmp_path: Path) -> None:
+    """Killed as the first reply's proposal (find_servers) reaches the service: status
+    lists that call as not-sent -- no intent, no result: nothing of it is known to have
+    happened -- and resume makes it."""
+    from stenograph.cli_status import states
+
+    with EffectService() as svc, ModelServer(script=SCRIPT) as models:
+        procs: list[int] = []
+
+        def on_read(path: str) -> None:
+            if procs:
+                os.killpg(procs.pop(), signal.SIGKILL)
+                raise Drop()
+
+        svc.on_read = on_read
+        p = subprocess.Popen([*CLI, "record", "--store", str(tmp_path / "s"), "--traj", "t",
+                              "--workspace", "none", "-o", str(tmp_path / "t.steno"), "--",
+                              sys.executable, str(AGENT)], cwd=tmp_path,
+                             env=_env(svc, models), start_new_session=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(p.pid)
+        p.communicate(timeout=120)
+        (st,) = states(tmp_path / "s", "t")
+        assert [(e.target, e.state) for e in st.effects] == [
+            ("tool call find_servers", "not-sent")], st.effects
+        assert st.state == "crashed"
+        res = subprocess.run([*CLI, "resume", str(tmp_path / "s"), "t"], cwd=tmp_path,
+                             env=_env(svc, models), capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 0, res.stderr
+        (st,) = states(tmp_path / "s", "t")
+        assert st.state == "ended" and all(e.state == "settled" for e in st.effects)
+        assert svc.stats()["servers"] == 1 and svc.stats()["payments"] == 1

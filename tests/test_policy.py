@@ -150,3 +150,36 @@ def test_async_clients_effects_are_durable_before_they_are_sent(tmp_path: Path) 
         assert key and n == 1 and fence == "t:0", seen
     rep = _cli("replay", str(tmp_path / "t.steno"), cwd=tmp_path)
     assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr
+
+
+def test_usage_and_prices_from_each_reply_format() -> None:
+    import json
+
+    from stenograph.recorder.policy import Budget, price_of, usage_of
+
+    chat = json.dumps({"model": "gpt-4o-2024-08-06", "usage": {
+        "prompt_tokens": 1000, "completion_tokens": 200}}).encode()
+    assert usage_of(chat) == ("gpt-4o-2024-08-06", 1000, 200)
+    sse = (b'data: {"model":"gpt-4o-mini","choices":[]}\n\n'
+           b'data: {"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":7,'
+           b'"completion_tokens":3}}\n\ndata: [DONE]\n\n')
+    assert usage_of(sse) == ("gpt-4o-mini", 7, 3)
+    anth = (b'event: message_start\ndata: {"type":"message_start","message":{"model":'
+            b'"claude-sonnet-4-20250514","usage":{"input_tokens":50,"output_tokens":1}}}\n\n'
+            b'event: message_delta\ndata: {"type":"message_delta","usage":'
+            b'{"output_tokens":40}}\n\n')
+    assert usage_of(anth) == ("claude-sonnet-4-20250514", 50, 40)
+    responses = json.dumps({"type": "response.completed", "response": {
+        "model": "gpt-4.1", "usage": {"input_tokens": 9, "output_tokens": 4}}}).encode()
+    assert usage_of(b"data: " + responses + b"\n\n") == ("gpt-4.1", 9, 4)
+    prices = {"gpt-4o": (2.5, 10.0), "gpt-4o-mini": (0.15, 0.6)}
+    assert price_of(prices, "gpt-4o-mini-2024-07-18") == (0.15, 0.6)  # the longest prefix
+    assert price_of(prices, "o3") is None
+    b = Budget(usd=0.004, prices=prices)
+    b.spend("gpt-4o-2024-08-06", 1000, 200)  # 0.0025 + 0.002
+    assert b.exhausted() is not None and "$0.004" in b.exhausted()
+    b2 = Budget(tokens=10, prices=prices)
+    b2.spend("o3", 5, 4)
+    assert b2.exhausted() is None and b2.unpriced == {"o3"}
+    b2.spend("o3", 1, 0)
+    assert "token budget (10)" in (b2.exhausted() or "")

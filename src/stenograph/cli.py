@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-from rich.console import Console
-from rich.table import Column, Table
 
 from stenograph import __version__
 from stenograph.cli_checks import input_file, output_file, traj_id
@@ -85,7 +83,9 @@ def _line(ev: Event) -> str:
     return f"{ev.lsn:>8} {ev.traj} #{ev.seq} {ev.kind} {body}"
 
 
-def _err_console() -> Console:
+def _err_console() -> Any:
+    from rich.console import Console  # rich costs 15 ms to import: only when printing
+
     return Console(stderr=True, highlight=False)
 
 
@@ -108,6 +108,9 @@ def log_ls(store: Path, as_json: bool) -> None:
             "torn_tail": None if reader.torn is None else vars_of(reader.torn),
         }))
         return
+    from rich.console import Console
+    from rich.table import Column, Table
+
     table = Table(Column("trajectory", overflow="fold"),  # an id wraps, never cut
                   "events", "bytes", "lsn", "kinds", title=str(store))
     for s in summary.values():

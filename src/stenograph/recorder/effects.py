@@ -80,15 +80,55 @@ class TrajectoryState:
                 "approvals": [a.to_json() for a in self.approvals]}
 
 
+def proposed_calls(response_body: Any) -> list[tuple[str, str]]:
+    """(id, name) of each tool call a model reply proposes, in order (OpenAI chat
+    completions and Responses, Anthropic; streamed or not); none for a body kept in the
+    blob store (over 32 KiB) or not JSON."""
+    import json
+
+    if not isinstance(response_body, bytes):
+        return []
+    text = response_body.decode("utf-8", "replace").strip()
+    docs = [text] if text.startswith("{") else [
+        ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")]
+    out: dict[str, str] = {}
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            fn, cid = v.get("function"), v.get("id") or v.get("call_id")
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(cid, str):
+                out.setdefault(cid, fn["name"])
+            elif v.get("type") in ("tool_use", "function_call") and isinstance(
+                    v.get("name"), str) and isinstance(cid, str):
+                out.setdefault(cid, v["name"])
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    for d in docs:
+        try:
+            walk(json.loads(d))
+        except ValueError:
+            continue
+    return list(out.items())
+
+
 def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> TrajectoryState:
     """The state of one trajectory from its events (in log order)."""
     st = TrajectoryState(traj)
     by_id: dict[str, Effect] = {}
     asked: dict[str, ApprovalState] = {}
     ended = stopped = False
+    proposals: list[tuple[str, str]] = []  # the last model reply's tool calls
+    handled: set[str] = set()  # calls made since that reply (by call id)
     for ev in events:
         st.events += 1
         body = ev.body if isinstance(ev.body, dict) else {}
+        if ev.kind in ("ToolIntent", "Exchange") and body.get("channel") in ("http", "tool"):
+            handled.add(str(body.get("call_id") if ev.kind == "ToolIntent" else call_id(
+                str(body.get("proc")), str(body.get("channel")), int(body.get("pos", -1)))))
         if ev.kind == "ToolIntent":
             cid = str(body.get("call_id"))
             eff = Effect(cid, str(body.get("target", "?")), body.get("idempotency_key"),
@@ -110,6 +150,9 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
             ch, pos = body.get("channel"), body.get("pos")
             if ch == "model":
                 st.turns += 1
+                resp = body.get("response")
+                proposals = proposed_calls(resp.get("body") if isinstance(resp, dict) else None)
+                handled = set()
             if ch == "approval" and isinstance(pos, int):
                 a = asked.get(call_id(str(body.get("proc")), "approval", pos))
                 if a is not None:
@@ -137,6 +180,10 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
             st.exit_status = body.get("status")
         elif ev.kind == "RunStarted":
             ended = False
+    if not ended:  # proposed by the model, not (yet) made: nothing of them left the host
+        for tcid, name in proposals[len(handled):]:
+            st.effects.append(Effect(f"proposed/{tcid}", f"tool call {name}", None, st.epoch,
+                                     state="not-sent"))
     if ended:
         st.state = "ended"
     elif writer_alive:

@@ -38,10 +38,13 @@ context switch plus a GIL hand-off, all of it serialized by the GIL.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -140,6 +143,8 @@ class GroupCommit:
 
     def wait_async(self, lsn: int) -> asyncio.Future[int]:
         """A future that resolves once ``lsn`` is durable."""
+        import asyncio  # here: the CLI's start-up need not pay for it
+
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
         with self.lock:

@@ -20,7 +20,6 @@ such a store as corrupt at its first salted batch marker.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import os
@@ -400,6 +399,8 @@ class Store:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        import asyncio  # here: the CLI's start-up need not pay for it
+
         await asyncio.get_running_loop().run_in_executor(None, self.close)
 
     # -- the write path (leader only) ------------------------------------------------

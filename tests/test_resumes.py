@@ -1,0 +1,61 @@
+"""The view of a resumed trajectory and its cut (recorder/resumes.py), as properties
+over generated logs: crashes, resumes at any earlier point, decisions in between."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stenograph.recorder.codec import Event
+from stenograph.recorder.resumes import CUT_KINDS, DROPPED_AFTER_CUT, cut_seq, plan, view
+
+KINDS = ["TapeChunk", "TapeChunk", "Exchange", "ToolIntent", "Checkpoint", "Settled",
+         "LeaseAcquired"]
+EXAMPLES = int(os.environ.get("STENO_SNAPSHOT_EXAMPLES", "150"))
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> list[Event]:
+    n = draw(st.integers(min_value=1, max_value=40))
+    out = [Event(0, "t", 0, None, "RunStarted", {"argv": ["x"]})]
+    for seq in range(1, n):
+        kind = draw(st.sampled_from(KINDS))
+        body: dict = {}
+        if kind == "LeaseAcquired":
+            body = {"epoch": seq, "resumed_at": draw(st.integers(0, seq - 1))}
+        elif kind in ("Exchange", "ToolIntent"):
+            body = {"proc": "0", "channel": "http", "pos": seq, "call_id": f"0/http/{seq}"}
+        elif kind == "Checkpoint":
+            body = {"at": draw(st.sampled_from(["start", "turn", "effect"]))}
+        out.append(Event(seq, "t", seq, seq - 1, kind, body))
+    return out
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(logs())
+def test_the_view_keeps_order_decisions_and_is_idempotent(events: list[Event]) -> None:
+    v = view(events)
+    seqs = [e.seq for e in v]
+    assert seqs == sorted(seqs) and set(seqs) <= {e.seq for e in events}
+    assert {e.seq for e in events if e.kind not in DROPPED_AFTER_CUT} <= set(seqs)
+    assert view(v) == v
+    for i, ev in enumerate(v):  # nothing dropped survives: no tape past a later lease's cut
+        if ev.kind == "LeaseAcquired":
+            cut = ev.body["resumed_at"]
+            assert not any(e.kind in DROPPED_AFTER_CUT and cut < e.seq for e in v[:i])
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(logs())
+def test_the_cut_is_the_last_consistent_point_and_the_plan_keeps_nothing_past_it(
+        events: list[Event]) -> None:
+    v = view(events)
+    cut = cut_seq(v)
+    last = [e.seq for e in v if e.kind in CUT_KINDS]
+    starts = [e.seq for e in v if e.kind == "Checkpoint" and e.body.get("at") == "start"]
+    assert cut == (last[-1] if last else starts[0] if starts else v[0].seq)
+    p = plan("t", events)
+    assert p.cut == cut
+    assert all(e.seq <= cut for e in p.events if e.kind in DROPPED_AFTER_CUT)
