@@ -37,7 +37,8 @@ bench: $(STAMP)
 
 soak: $(STAMP)
 	STENO_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q tests/test_fuzz_readers.py
-	STENO_FRAMEWORK_RUNS=3x10 $(BIN)/pytest -q tests/test_frameworks.py
+	STENO_FRAMEWORK_RUNS=3x10 STENO_FRAMEWORK_RESUME=langgraph,openai_agents,pydantic_ai,litellm,smolagents \
+	    $(BIN)/pytest -q tests/test_frameworks.py
 	STENO_SNAPSHOT_EXAMPLES=500 $(BIN)/pytest -q tests/test_snapshots.py
 	STENO_CRASH_TRIALS=1000 $(BIN)/pytest -q tests/test_resume.py -k crash_anywhere
 

@@ -103,3 +103,67 @@ def test_litellm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_smolagents(tmp_path: Path) -> None:
     _record_and_replay(
         Framework("smolagents", "smolagents_agent.py", "smolagents_script.json"), tmp_path)
+
+
+FRAMEWORKS = {
+    "langgraph": Framework("langgraph", "langgraph_agent.py"),
+    "openai_agents": Framework("agents", "openai_agents_agent.py"),
+    "pydantic_ai": Framework("pydantic_ai", "pydantic_ai_agent.py"),
+    "litellm": Framework("litellm", "litellm_agent.py"),
+    "smolagents": Framework("smolagents", "smolagents_agent.py", "smolagents_script.json"),
+}
+RESUMED = os.environ.get("STENO_FRAMEWORK_RESUME", "langgraph,openai_agents").split(",")
+"""Which frameworks `make test` crashes and resumes (thread pools; the asyncio loop on
+the tape); `make soak` does all five."""
+
+
+@pytest.mark.parametrize("name", [n for n in FRAMEWORKS if n in RESUMED])
+def test_a_framework_agent_crashed_mid_run_resumes_and_the_whole_run_replays(
+        name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole process group is killed as the agent's second model call arrives (the
+    server answers slowly: the kill comes first); resume replays the first turn and makes
+    the second live, once; the finished trajectory replays bit for bit as one tape."""
+    import signal
+    import threading
+    import time
+
+    from stenograph.testing.model_server import Knobs
+
+    fw = FRAMEWORKS[name]
+    pytest.importorskip(fw.module)
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "STENO_"))}
+    store = tmp_path / "s"
+    with ModelServer(script=AGENTS / fw.script, knobs=Knobs(delay_ms=300)) as srv:
+        env["OPENAI_BASE_URL"] = srv.openai_base_url
+        env["OPENAI_API_KEY"] = "sk-test-frameworks"
+        p = subprocess.Popen([*CLI, "record", "--store", str(store), "--traj", "t",
+                              "--workspace", "none", "-o", str(tmp_path / "t.steno"), "--",
+                              sys.executable, str(AGENTS / fw.agent)], cwd=ROOT, env=env,
+                             start_new_session=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+
+        def watch() -> None:
+            while p.poll() is None:
+                if len(srv.requests) >= 2:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    return
+                time.sleep(0.002)
+
+        threading.Thread(target=watch, daemon=True).start()
+        p.communicate(timeout=TIMEOUT)
+        assert p.returncode == -9
+        before = len(srv.requests)
+        res = subprocess.run([*CLI, "resume", str(store), "t"], cwd=ROOT, env=env,
+                             capture_output=True, timeout=TIMEOUT)
+        err = res.stderr.decode(errors="replace")
+        assert res.returncode == 0, err[-3000:]
+        assert b"final: " in res.stdout
+        assert len(srv.requests) - before == 1, "the crashed call, made once; none replayed"
+    exp = subprocess.run([*CLI, "log", "export", str(store), "t", "-o",
+                          str(tmp_path / "all.steno")], capture_output=True, env=env)
+    assert exp.returncode == 0
+    rep = subprocess.run([*CLI, "replay", str(tmp_path / "all.steno")], cwd=ROOT, env=env,
+                         capture_output=True, timeout=TIMEOUT)
+    err = rep.stderr.decode(errors="replace")
+    assert rep.returncode == 0 and "replay bit-identical" in err, err[-3000:]

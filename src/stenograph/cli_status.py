@@ -52,7 +52,8 @@ def status(store: Path, traj: str | None, as_json: bool) -> None:
             click.echo(json.dumps(st.to_json(), sort_keys=True))
             continue
         doubt = sum(e.state == "in-doubt" for e in st.effects)
-        click.echo(f"{st.traj}  {st.state}  turns {st.turns}  epoch {st.epoch}  "
+        holder = f" (pid {st.holder})" if st.holder is not None else ""
+        click.echo(f"{st.traj}  {st.state}  turns {st.turns}  epoch {st.epoch}{holder}  "
                    f"effects {len(st.effects)} ({doubt} in doubt)")
         for e in st.effects:
             click.echo(f"    {e.call_id:<16} {e.state:<9} {e.target}"
