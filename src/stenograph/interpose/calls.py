@@ -19,7 +19,7 @@ import inspect
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import Any, NoReturn, TypeVar, overload
 
 from stenograph.interpose import seam
 from stenograph.interpose.exchange import error_body
@@ -225,23 +225,13 @@ def _authorize(tape: PyTape, call: _Call) -> None:
     from stenograph.recorder.effects import call_id
 
     target = f"{call.channel} {call.name}" if call.channel == "model" else f"tool {call.name}"
-    d = tape.authorize(call_id(tape.proc, call.channel, call.pos), target, call.channel)
-    if d.get("decision") == "allow":
-        return
-    if d.get("decision") == "stop":
-        seam.stop_run(str(d.get("reason")))
-    if d.get("decision") == "hold":
-        from stenograph.interpose.approvals import ApprovalDenied, approval
 
-        try:
-            approval(target, str(d.get("summary") or target))
-            return
-        except ApprovalDenied as exc:
-            call.recorded(error=exc)
-            raise
-    exc = PolicyDenied(f"stenograph: the run's policy denies {target}")
-    call.recorded(error=exc)
-    raise exc
+    def refuse(exc: BaseException) -> NoReturn:
+        call.recorded(error=exc)
+        raise exc
+
+    seam.authorize(tape, call_id(tape.proc, call.channel, call.pos), target, call.channel,
+                   lambda msg, held: held if held is not None else PolicyDenied(msg), refuse)
 
 
 def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any, ...],

@@ -347,23 +347,8 @@ class Call:
     def _authorize(self, refused: Callable[[str], BaseException]) -> None:
         from stenograph.recorder.effects import call_id
 
-        cid = call_id(self.tape.proc, self.channel, self.pos)
-        d = self.tape.authorize(cid, self._target, self.channel)
-        if d.get("decision") == "allow":
-            return
-        if d.get("decision") == "stop":
-            stop_run(str(d.get("reason")))
-        if d.get("decision") == "hold":
-            from stenograph.interpose.approvals import ApprovalDenied, approval
-
-            try:
-                approval(self._target, str(d.get("summary") or self._target))
-                return
-            except ApprovalDenied as exc:
-                self._refuse(refused(f"stenograph: {exc}"))
-        self._refuse(refused(f"stenograph: the run's policy denies {self._target}"
-                             + (f" ({d['reason']})" if d.get("reason") not in (None, "policy")
-                                else "")))
+        authorize(self.tape, call_id(self.tape.proc, self.channel, self.pos), self._target,
+                  self.channel, lambda msg, _cause: refused(msg), self._refuse)
 
     @contextlib.contextmanager
     def sending(self, refused: Callable[[str], BaseException] = IntentNotDurable
@@ -393,6 +378,32 @@ class Call:
                  reason: str | None = None, ext: dict[str, Any] | None = None) -> Body:
         """The response head arrived: its body is recorded as the program reads it."""
         return Body(self, status, headers, reason, ext or {})
+
+
+def authorize(tape: PyTape, cid: str, target: str, channel: str,
+              refused: Callable[[str, BaseException | None], BaseException],
+              refuse: Callable[[BaseException], NoReturn]) -> None:
+    """The run's policy and budget on a call about to be made (``PyTape.authorize``):
+    allowed, it returns; held, it waits for a person (``stenograph.approval``: the run
+    pauses, or the approval is denied); a spent budget stops the run (exit 6); denied,
+    ``refuse(refused(message, approval_denied_or_None))`` -- the caller's own error,
+    committed as the call's outcome."""
+    d = tape.authorize(cid, target, channel)
+    if d.get("decision") == "allow":
+        return
+    if d.get("decision") == "stop":
+        stop_run(str(d.get("reason")))
+    if d.get("decision") == "hold":
+        from stenograph.interpose.approvals import ApprovalDenied, approval
+
+        try:
+            approval(target, str(d.get("summary") or target))
+            return
+        except ApprovalDenied as exc:
+            refuse(refused(f"stenograph: {exc}", exc))
+    refuse(refused(f"stenograph: the run's policy denies {target}"
+                   + (f" ({d['reason']})" if d.get("reason") not in (None, "policy") else ""),
+                   None))
 
 
 def drift_check(tape: PyTape, pos: int, body: bytes) -> bytes | None:

@@ -55,6 +55,10 @@ def _lost_bodies(entry: dict[str, Any]) -> int:
     return n
 
 
+HARNESS_EVENTS = frozenset({"ToolIntent", "ApprovalRequested", "Drift", "Stop"})
+"""What a hook may send besides its finished calls (``PyTape.intent`` / ``notify``)."""
+
+
 class ExchangeServer:
     """Accepts exchange messages from every process of a recorded tree."""
 
@@ -100,38 +104,16 @@ class ExchangeServer:
             body = msgpack.unpackb(msg, raw=False, strict_map_key=False)
             if not isinstance(body, dict):
                 raise ValueError("exchange message is not a map")
-            if body.get("kind") == "ToolIntent" and self._before_intent is not None:
-                self._before_intent()
-            if self._before_append is not None:
-                self._before_append()
-            if body.get("kind") == "Authorize":
+            kind = body.get("kind")
+            if kind == "Authorize":  # answered with the decision, not an ACK
                 self._authorize(conn, body)
                 return
-            if body.get("kind") == "ApprovalRequested":
-                if self._before_approval is not None:
-                    self._before_approval()
-                self.store.append(self.traj, "ApprovalRequested",
-                                  {k: v for k, v in body.items() if k != "kind"}, durable=True)
-                self.paused_for = str(body.get("call_id"))
+            if kind is not None:
+                self._harness_event(str(kind), body)
                 conn.sendall(ACK)
                 return
-            if body.get("kind") == "Stop":  # the program stops itself (a drift refused)
-                self.stopped_for = str(body.get("reason"))
-                self.store.append(self.traj, "Authorized",
-                                  {"decision": "stop", "reason": self.stopped_for},
-                                  durable=True)
-                conn.sendall(ACK)
-                return
-            if body.get("kind") == "Drift":
-                self.store.append(self.traj, "Drift",
-                                  {k: v for k, v in body.items() if k != "kind"}, durable=True)
-                conn.sendall(ACK)
-                return
-            if body.get("kind") == "ToolIntent":
-                self.store.append(self.traj, "ToolIntent",
-                                  {k: v for k, v in body.items() if k != "kind"}, durable=True)
-                conn.sendall(ACK)
-                return
+            if self._before_append is not None:
+                self._before_append()
             lsn = self.store.append(self.traj, "Exchange", body, durable=True)
         except Exception as exc:  # the store refused it (a full disk): say so, go on
             with self._lock:
@@ -149,6 +131,26 @@ class ExchangeServer:
             pos = body.get("pos")
             self._after_model(str(body.get("proc")), pos if isinstance(pos, int) else -1, lsn)
         conn.sendall(ACK)
+
+    def _harness_event(self, kind: str, body: dict[str, Any]) -> None:
+        """An event a hook sends (``HARNESS_EVENTS``), durable before the ACK: its own
+        preparation first (the checkpoint before an effect or a pause), every ring
+        drained, then the append."""
+        if kind not in HARNESS_EVENTS:
+            raise ValueError(f"unknown harness event {kind!r}")
+        before = {"ToolIntent": self._before_intent,
+                  "ApprovalRequested": self._before_approval}.get(kind)
+        if before is not None:
+            before()
+        if self._before_append is not None:
+            self._before_append()
+        fields = {k: v for k, v in body.items() if k != "kind"}
+        if kind == "Stop":  # the program stops itself (a resume refusing drift)
+            self.stopped_for = str(body.get("reason"))
+            kind, fields = "Authorized", {"decision": "stop", "reason": self.stopped_for}
+        self.store.append(self.traj, kind, fields, durable=True)
+        if kind == "ApprovalRequested":
+            self.paused_for = str(body.get("call_id"))
 
     def _authorize(self, conn: socket.socket, body: dict[str, Any]) -> None:
         """Decide (policy, budget), append ``Authorized`` first, then answer the decision."""
