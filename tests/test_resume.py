@@ -190,12 +190,12 @@ def trial(tmp: Path, kills: list[tuple[str, Any] | None]) -> dict[str, Any]:
 def _kill_plans(n: int, seed: int = 7) -> list[list[tuple[str, Any] | None]]:
     """Every boundary as the record's kill (then a clean resume), every boundary of the
     record paired with one of the first resume, then random plans (random boundaries or
-    random delays, up to three crashes in a row) until there are ``n``."""
+    random delays, up to two crashes in a row, three in soak) until there are ``n``."""
     rng = random.Random(seed)
     plans: list[list[tuple[str, Any] | None]] = [[b] for b in BOUNDARIES]
     plans += [[a, b] for a in BOUNDARIES for b in BOUNDARIES[:3]]
     while len(plans) < n:
-        k = rng.randint(1, 3)
+        k = rng.randint(1, 3 if n > 200 else 2)  # three crashes in a row: soak
         plans.append([rng.choice(BOUNDARIES) if rng.random() < 0.6
                       else ("timer", round(rng.uniform(0.05, 0.5), 3)) for _ in range(k)])
     return plans[:n]
