@@ -211,9 +211,10 @@ class Store:
             if isinstance(exc, OSError):
                 raise _named(exc, self.path) from None
             raise
-        if shared:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        self._stamp_fd = -1
+        if shared:  # the fds stay open; LOCK is let go, taken again per batch
+            self._stamp_fd = os.open(self.path / "WRITER", os.O_RDWR)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         self.blobs = BlobStore(self.path / "blobs")
 
     def _open(self) -> None:
@@ -385,9 +386,10 @@ class Store:
             if self._spare is not None:
                 self._spare.join()
             self._seg.close()
-            if self._lock_fd >= 0:  # (a shared writer holds it only per batch)
-                os.close(self._lock_fd)
-                self._lock_fd = -1
+            for fd in (self._lock_fd, self._stamp_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self._lock_fd = self._stamp_fd = -1
 
     def __enter__(self) -> Store:
         return self
@@ -416,17 +418,17 @@ class Store:
         if not self._shared:
             yield
             return
-        fd = _wait_lock(self.path)
+        _wait_lock(self._lock_fd, self.path)
         try:
-            if _read_stamp(self.path) != self._stamp:
+            if os.pread(self._stamp_fd, STAMP_BYTES, 0).decode().strip() != self._stamp:
                 raise StoreFenced("another worker has written to the store since: this "
                                   "one lost its lease and writes nothing more",
                                   str(self.path))
             yield
             self._stamp = f"{self._stamp.partition(':')[0]}:{next_lsn}"
-            _write_stamp(self.path, self._stamp)
+            os.pwrite(self._stamp_fd, self._stamp.ljust(STAMP_BYTES).encode(), 0)
         finally:
-            os.close(fd)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _write_marked(self, parts: list[bytes], nbytes: int, first: int) -> None:
         """Write a batch marker for ``first`` and then ``parts``; sync.
@@ -527,18 +529,16 @@ class Store:
         self._spare.start()
 
 
-def _read_stamp(path: Path) -> str:
-    try:
-        return (path / "WRITER").read_text()
-    except OSError:
-        return ""
+STAMP_BYTES = 48
+"""``WRITER`` holds one stamp, ``<writer id>:<next lsn>``, padded to this many bytes (so
+it is rewritten in place)."""
 
 
 def _write_stamp(path: Path, stamp: str) -> None:
     """Not synced: the stamp is only ever compared between live writers."""
     fd = os.open(path / "WRITER", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, stamp.encode())
+        os.write(fd, stamp.ljust(STAMP_BYTES).encode())
     finally:
         os.close(fd)
 
@@ -547,14 +547,18 @@ LOCK_WAIT = 30.0
 """Seconds a shared writer waits for ``LOCK`` (another writer's batch, a short command)."""
 
 
-def _wait_lock(path: Path) -> int:
+def _wait_lock(fd: int, path: Path) -> None:
     deadline = time.monotonic() + LOCK_WAIT
     while True:
         try:
-            return take_lock(path)
-        except StoreLocked:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
             if time.monotonic() > deadline:
-                raise
+                raise StoreLocked(f"store is locked by another writer for over "
+                                  f"{LOCK_WAIT:.0f}s (pid "
+                                  f"{os.pread(fd, 32, 0).decode(errors='replace').strip()})",
+                                  str(path)) from None
             time.sleep(0.002)
 
 
