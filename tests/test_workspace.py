@@ -183,3 +183,60 @@ def test_a_recorder_killed_while_it_snapshots_names_no_torn_snapshot(tmp_path: P
         torn_seen += not cps and bool(stored)
         whole_seen += bool(cps)
     assert torn_seen >= 1, "no kill landed inside a snapshot"
+
+
+def test_a_coding_agent_crashed_mid_run_resumes_into_its_real_workspace(
+        tmp_path: Path) -> None:
+    """Killed (the whole group) as its fourth model call arrives, the agent is resumed:
+    its workspace is put back to the start, the prefix redoes its edits and shell
+    commands, the rest is made live -- and the directory ends as an uncrashed run leaves
+    it (bytes, modes, links). The workspace lies under /tmp, which the resume seals:
+    the workspace itself must stay the real one."""
+    import signal
+    import threading
+    import time
+
+    from stenograph.testing.model_server import Knobs
+
+    def start(d: Path) -> Path:
+        w = d / "work"
+        (w / "build").mkdir(parents=True)
+        (w / "old.txt").write_text("stale\n")
+        (w / "build" / "x.o").write_bytes(b"\x7fELF")
+        return w
+
+    ref = start(tmp_path / "ref")
+    with ModelServer(script=SCRIPT) as srv:
+        env = _env(OPENAI_BASE_URL=srv.openai_base_url, OPENAI_API_KEY="sk-w")
+        r = subprocess.run([*CLI, "record", "--workspace", str(ref), "-o",
+                            str(tmp_path / "ref.steno"), "--", sys.executable, str(AGENT)],
+                           cwd=ref, env=env, capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+    work = start(tmp_path / "crash")
+    store = tmp_path / "crash" / "s"
+    with ModelServer(script=SCRIPT, knobs=Knobs(delay_ms=200)) as srv:
+        env = _env(OPENAI_BASE_URL=srv.openai_base_url, OPENAI_API_KEY="sk-w")
+        p = subprocess.Popen([*CLI, "record", "--store", str(store), "--traj", "t",
+                              "--workspace", str(work), "-o", str(tmp_path / "c.steno"), "--",
+                              sys.executable, str(AGENT)], cwd=work, env=env,
+                             start_new_session=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+
+        def watch() -> None:
+            while p.poll() is None:
+                if len(srv.requests) >= 4:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    return
+                time.sleep(0.002)
+
+        threading.Thread(target=watch, daemon=True).start()
+        p.communicate(timeout=120)
+        assert p.returncode == -9
+        crashed_at = len(srv.requests)
+        assert tree(work, times=False) != tree(ref, times=False)  # left half done
+        res = subprocess.run([*CLI, "resume", str(store), "t"], cwd=work, env=env,
+                             capture_output=True, timeout=120)
+        assert res.returncode == 0, res.stderr.decode()[-3000:]
+        # the first three replayed; the fourth (the crashed one) and the rest made live
+        assert len(srv.requests) - crashed_at == 8 - 4 + 1
+    assert tree(work, times=False) == tree(ref, times=False)

@@ -332,6 +332,7 @@ def _seal(started: dict[str, Any], tape: Path, sock_dir: Path, store: Path) -> S
     directories this resume needs (the store, the working directory, its own); the
     workspace stays the real one (the resumed run's writes are real)."""
     before = started.get("tmp_names")
+    roots = [r for r in recorded_rules(started) if os.path.isdir(r)]
     needed = [os.path.realpath(p) for p in (tape, sock_dir, store,
                                              str(started.get("cwd") or "/"))]
     hide: dict[str, list[str]] = {}
@@ -348,10 +349,14 @@ def _seal(started: dict[str, Any], tape: Path, sock_dir: Path, store: Path) -> S
     state = started.get("sealed_state") or {}
     stage = tape / ".seal"
     stage.mkdir(exist_ok=True)
+    # the real directories stay the real ones where they lie under a temporary root:
+    # the workspace (the resumed run's writes are real), the store, the tape
+    keep = [str(tape.resolve()), str(sock_dir.resolve()),
+            *(os.path.realpath(r) for r in roots
+              if any(os.path.realpath(r).startswith(t + "/") for t in seal_roots(os.environ)))]
     return Seal(hide=hide,
                 state={str(k): v for k, v in state.items() if v is None or isinstance(v, dict)},
-                keep=[str(tape.resolve()), str(sock_dir.resolve())],
-                stage=str(stage.resolve()))
+                keep=keep, stage=str(stage.resolve()))
 
 
 def _finish(traj: str, rp: ResumePlan, out: dict[str, Any], as_json: bool) -> None:
