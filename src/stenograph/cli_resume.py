@@ -352,7 +352,7 @@ def _seal(started: dict[str, Any], tape: Path, sock_dir: Path, store: Path) -> S
     # the real directories stay the real ones where they lie under a temporary root:
     # the workspace (the resumed run's writes are real), the store, the tape
     keep = [str(tape.resolve()), str(sock_dir.resolve()),
-            *(os.path.realpath(r) for r in roots
+            *(os.path.realpath(r) for r in [*roots, str(store)]
               if any(os.path.realpath(r).startswith(t + "/") for t in seal_roots(os.environ)))]
     return Seal(hide=hide,
                 state={str(k): v for k, v in state.items() if v is None or isinstance(v, dict)},
