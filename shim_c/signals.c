@@ -65,12 +65,22 @@ static int sig_virtual(int sig) {
 static void sig_front(int sig, siginfo_t *si, void *uc);
 
 /* The thread's position: records so far on its other streams. */
-static uint32_t sig_count(tls_t *t) {
-    if (g_mode == MODE_RECORD) return t->nrec;
+static uint32_t sig_served(tls_t *t) {
     uint32_t n = 0;
     for (int c = 1; c < NCH; c++)
         if (c != CH_SIGNAL && t->st[c].mapped) n += t->st[c].pos;
     return n;
+}
+
+/* Record counts what it writes; replay what it serves; a resumed process that went live
+ * counts both, as the replay of its whole tape will (live.c). */
+static uint32_t sig_count(tls_t *t) {
+    if (g_mode != MODE_RECORD) return sig_served(t);
+    if (UNLIKELY(g_resume) && !t->nrec_based) {
+        t->nrec += sig_served(t);
+        t->nrec_based = 1;
+    }
+    return t->nrec;
 }
 
 static void raw_mask(int how, const sigset_t *set, sigset_t *old) {

@@ -306,8 +306,9 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
     check_dynamic(resolve_program(argv, _base_env()))  # refuse before creating anything
     store_path = Path(store_dir) if store_dir else out.parent / f".{out.name}.rec"
     if not store_dir and store_path.exists():
-        raise BadInput("an interrupted recording is in the way; export it with "
-                       "`stenograph log export` or remove it", str(store_path))
+        raise BadInput("an interrupted recording is in the way: resume it with `stenograph "
+                       "resume` (see `stenograph status`), export it with `stenograph log "
+                       "export`, or remove it", str(store_path))
     ws = plan_workspace(workspaces, ws_ignore, ws_max, os.getcwd(),
                         exclude=[str(store_path), str(out)])
     authorizer = make_authorizer(policy_file, budget_tokens, budget_usd, prices_file)
