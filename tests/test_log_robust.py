@@ -405,3 +405,30 @@ def test_cat_and_verify_refuse_unreadable_bodies_cleanly(tmp_path, what, body, w
         r = steno(*cmd)
         line = _one_line(r, 3)
         assert "Traceback" not in r.stderr and "frame payload" in line, line
+
+
+def test_a_store_whose_making_was_cut_short_is_finished_not_refused(tmp_path: Path) -> None:
+    """A recorder killed between making the store's directories and writing its marker
+    left a skeleton; the next writer completes it. Anything else in a directory without
+    a marker is still refused."""
+    from stenograph.recorder.errors import NotAStore
+    from stenograph.recorder.store import Store
+
+    half = tmp_path / "half"
+    for sub in ("wal", "blobs", "checkpoints"):
+        (half / sub).mkdir(parents=True)
+    (half / "STENOGRAPH-STORE.tmp").write_text("stenograph st")
+    with Store(half) as s:
+        s.append("t", "Note", {"text": "hello"})
+    with Store(half, create=False) as again:
+        assert [e.kind for e in again.events()] == ["Note"]
+    other = tmp_path / "other"
+    (other / "wal").mkdir(parents=True)
+    (other / "wal" / "notes.txt").write_text("mine")
+    try:
+        Store(other)
+    except NotAStore:
+        pass
+    else:
+        raise AssertionError("a directory holding someone's files was taken for a store")
+    assert (other / "wal" / "notes.txt").read_text() == "mine"

@@ -95,9 +95,9 @@ def init_store(path: Path) -> None:
     if existed:
         if not path.is_dir():
             raise NotAStore("exists and is not a directory", str(path))
-        if any(path.iterdir()) and not is_store(path):
+        if any(path.iterdir()) and not is_store(path) and not _unfinished(path):
             raise NotAStore("directory is not empty and not a stenograph store", str(path))
-    fresh = not existed or not any(path.iterdir())
+    fresh = not existed or not any(path.iterdir()) or _unfinished(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
         for sub in ("wal", "blobs", "checkpoints"):
@@ -111,6 +111,21 @@ def init_store(path: Path) -> None:
         if fresh:
             _unmake(path, existed)
         raise _named(exc, path) from None
+
+
+_SKELETON = frozenset({"wal", "blobs", "checkpoints", STORE_MARKER + ".tmp"})
+
+
+def _unfinished(path: Path) -> bool:
+    """A store whose making was cut short (the process killed before its marker was
+    written): empty skeleton directories and at most the marker's temporary file. It is
+    finished, not refused: nothing was ever written into it."""
+    try:
+        entries = list(path.iterdir())
+    except OSError:
+        return False
+    return all(e.name in _SKELETON and (not e.is_dir() or not any(e.iterdir()))
+               for e in entries) and not (path / STORE_MARKER).exists()
 
 
 def _unmake(path: Path, keep_dir: bool) -> None:
