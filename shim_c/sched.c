@@ -289,6 +289,21 @@ static long park(bucket_t *b, int e, const struct timespec *abs, int clk) {
     return futex_wait(&b->epoch, e, &at, 0);
 }
 
+/* Record: take a grant, retry the non-blocking form under it, tape both; SCHED_REAL
+ * (unregistered) once the schedule is broken. */
+static int retry_at_grant(tls_t *t, int op, bucket_t *b, int *e, void *obj, try_fn try) {
+    int64_t g = take_record(t, op);
+    if (g < 0) {
+        __atomic_sub_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
+        return SCHED_REAL;
+    }
+    *e = __atomic_load_n(&b->epoch, __ATOMIC_SEQ_CST);
+    int r = try(obj);
+    schedrec_t sr = {(uint32_t)g, r};
+    rec(t, CH_SCHED, op, &sr, sizeof sr);
+    return r;
+}
+
 static int sched_wait_for(tls_t *t, int op, void *obj, try_fn try, const struct timespec *abs,
                           int clk) {
     bucket_t *b = bucket_of(obj);
@@ -311,30 +326,14 @@ static int sched_wait_for(tls_t *t, int op, void *obj, try_fn try, const struct 
                 sched_take(t, op, ETIMEDOUT);
                 return ETIMEDOUT;
             }
-            int64_t g = take_record(t, op);
-            if (g < 0) {
-                __atomic_sub_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
-                return SCHED_REAL;
-            }
-            e = __atomic_load_n(&b->epoch, __ATOMIC_SEQ_CST);
-            r = try(obj);
-            schedrec_t sr = {(uint32_t)g, r};
-            rec(t, CH_SCHED, op, &sr, sizeof sr);
+            if ((r = retry_at_grant(t, op, b, &e, obj, try)) == SCHED_REAL) return SCHED_REAL;
             continue;
         }
         int32_t want = take_replay(t, op);
         if (want == SCHED_WENT_LIVE) { /* a resume went live: on as record does */
             recording = 1;
             __atomic_add_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
-            int64_t g = take_record(t, op);
-            if (g < 0) {
-                __atomic_sub_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
-                return SCHED_REAL;
-            }
-            e = __atomic_load_n(&b->epoch, __ATOMIC_SEQ_CST);
-            r = try(obj);
-            schedrec_t sr = {(uint32_t)g, r};
-            rec(t, CH_SCHED, op, &sr, sizeof sr);
+            if ((r = retry_at_grant(t, op, b, &e, obj, try)) == SCHED_REAL) return SCHED_REAL;
             continue;
         }
         if (S.broken) return SCHED_REAL;

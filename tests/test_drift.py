@@ -10,9 +10,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
+
+from crashes import kill_at_request
 
 from stenograph.recorder.reader import StoreReader
 from stenograph.testing.effect_service import Drop, EffectService
@@ -40,15 +40,7 @@ def _crash_at_model_call(tmp: Path, n: int, svc: EffectService, models: ModelSer
                           sys.executable, str(agent)], cwd=tmp, env=_env(svc, models),
                          start_new_session=True, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-
-    def watch() -> None:
-        while p.poll() is None:
-            if len(models.requests) >= n:
-                os.killpg(p.pid, signal.SIGKILL)
-                return
-            time.sleep(0.002)
-
-    threading.Thread(target=watch, daemon=True).start()
+    kill_at_request(p, models, n)
     p.communicate(timeout=120)
     assert p.returncode == -9
     return store

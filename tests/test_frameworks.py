@@ -123,9 +123,7 @@ def test_a_framework_agent_crashed_mid_run_resumes_and_the_whole_run_replays(
     """The whole process group is killed as the agent's second model call arrives (the
     server answers slowly: the kill comes first); resume replays the first turn and makes
     the second live, once; the finished trajectory replays bit for bit as one tape."""
-    import signal
-    import threading
-    import time
+    from crashes import kill_at_request
 
     from stenograph.testing.model_server import Knobs
 
@@ -142,15 +140,7 @@ def test_a_framework_agent_crashed_mid_run_resumes_and_the_whole_run_replays(
                               sys.executable, str(AGENTS / fw.agent)], cwd=ROOT, env=env,
                              start_new_session=True, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
-
-        def watch() -> None:
-            while p.poll() is None:
-                if len(srv.requests) >= 2:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    return
-                time.sleep(0.002)
-
-        threading.Thread(target=watch, daemon=True).start()
+        kill_at_request(p, srv, 2)
         p.communicate(timeout=TIMEOUT)
         assert p.returncode == -9
         before = len(srv.requests)

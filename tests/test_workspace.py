@@ -192,9 +192,7 @@ def test_a_coding_agent_crashed_mid_run_resumes_into_its_real_workspace(
     commands, the rest is made live -- and the directory ends as an uncrashed run leaves
     it (bytes, modes, links). The workspace lies under /tmp, which the resume seals:
     the workspace itself must stay the real one."""
-    import signal
-    import threading
-    import time
+    from crashes import kill_at_request
 
     from stenograph.testing.model_server import Knobs
 
@@ -221,15 +219,7 @@ def test_a_coding_agent_crashed_mid_run_resumes_into_its_real_workspace(
                               sys.executable, str(AGENT)], cwd=work, env=env,
                              start_new_session=True, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
-
-        def watch() -> None:
-            while p.poll() is None:
-                if len(srv.requests) >= 4:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    return
-                time.sleep(0.002)
-
-        threading.Thread(target=watch, daemon=True).start()
+        kill_at_request(p, srv, 4)
         p.communicate(timeout=120)
         assert p.returncode == -9
         crashed_at = len(srv.requests)

@@ -37,6 +37,7 @@ from stenograph.cli_run import (
     make_authorizer,
     policy_options,
     replay_env,
+    run_ended,
     stopped_line,
 )
 from stenograph.interpose import resume_plan
@@ -274,21 +275,9 @@ def _run(store: Path, traj: str, rp: ResumePlan, worker: Worker,
                 s.flush()
                 checkpoints.end(s.synced_lsn)
             s.append(traj, "RunEnded", {
-                "status": result.status,
-                "stdout_sha256": result.stdout_sha256,
-                "stderr_sha256": result.stderr_sha256,
-                "stdout_bytes": result.stdout_bytes,
-                "stderr_bytes": result.stderr_bytes,
-                "chunks": stats.chunks,
-                "processes": sorted(stats.procs),
-                "exchanges": exchanges.count,
-                "exchanges_lost": exchanges.lost,
-                "errors": (stats.errors + exchanges.errors)[:20],
-                "tmp_created": {},
-                "stalls": _stalls(sock_dir / "stalls"),
-                "checkpoints": len(checkpoints.taken) if checkpoints else 0,
-                "resumed": epoch,
-            })
+                **run_ended(result, stats, exchanges, checkpoints,
+                            _stalls(sock_dir / "stalls")),
+                "tmp_created": {}, "resumed": epoch})
             out["ended"] = True
             return out
     finally:

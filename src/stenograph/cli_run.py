@@ -478,21 +478,9 @@ def _record_leased(store_path: Path, traj: str, argv: list[str], env: dict[str, 
             store.flush()
             checkpoints.end(store.synced_lsn)
         store.append(traj, "RunEnded", {
-            "status": result.status,
-            "stdout_sha256": result.stdout_sha256,
-            "stderr_sha256": result.stderr_sha256,
-            "stdout_bytes": result.stdout_bytes,
-            "stderr_bytes": result.stderr_bytes,
-            "chunks": stats.chunks,
-            "processes": sorted(stats.procs),
-            "exchanges": exchanges.count,
-            "exchanges_lost": exchanges.lost,
-            "bodies_lost": exchanges.bodies_lost,
-            "errors": (stats.errors + exchanges.errors)[:20],
+            **run_ended(result, stats, exchanges, checkpoints, stalls),
             # names the run created in /tmp, /var/tmp, $TMPDIR: hidden at replay
             "tmp_created": created_names(tmp_before, listing(list(tmp_before))),
-            "stalls": stalls,
-            "checkpoints": len(checkpoints.taken) if checkpoints else 0,
             "checkpoint_errors": checkpoints.errors[:20] if checkpoints else [],
         })
     return stats, exchanges, stalls, result
@@ -509,6 +497,26 @@ def _tmp_names(env: dict[str, str]) -> dict[str, list[str]] | None:
     if sum(len(v) for v in names.values()) > TMP_NAMES_MAX:
         return None
     return {root: sorted(v) for root, v in names.items()}
+
+
+def run_ended(result: RunResult, stats: Any, exchanges: ExchangeServer,
+              checkpoints: Checkpointer | None, stalls: list[dict[str, str]]) -> dict[str, Any]:
+    """What ``RunEnded`` says of every run, recorded or resumed."""
+    return {
+        "status": result.status,
+        "stdout_sha256": result.stdout_sha256,
+        "stderr_sha256": result.stderr_sha256,
+        "stdout_bytes": result.stdout_bytes,
+        "stderr_bytes": result.stderr_bytes,
+        "chunks": stats.chunks,
+        "processes": sorted(stats.procs),
+        "exchanges": exchanges.count,
+        "exchanges_lost": exchanges.lost,
+        "bodies_lost": exchanges.bodies_lost,
+        "errors": (stats.errors + exchanges.errors)[:20],
+        "stalls": stalls,
+        "checkpoints": len(checkpoints.taken) if checkpoints else 0,
+    }
 
 
 def _before_intent(checkpoints: Checkpointer | None) -> Any:

@@ -180,38 +180,32 @@ class EffectSpec:
         return idempotency_key(tape.traj, call_id(tape.proc, call.channel, call.pos))
 
 
-class _Probed(Exception):
-    """Resume: the probe found the in-doubt effect done; ``result`` is what the program
-    gets instead of a second run."""
-
-    def __init__(self, result: Any) -> None:
-        super().__init__("probed")
-        self.result = result
+_RUN = object()
+"""``_intent``'s answer when the call is to run (anything else: its result, already
+recorded: a resume's probe found the effect done)."""
 
 
 def _settle_in_doubt(tape: PyTape, call: _Call, spec: EffectSpec, args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> None:
+                     kwargs: dict[str, Any]) -> Any:
     """Resume: a declared effect left in doubt. With an idempotency key it runs again
     (its service sees the same key); else its probe decides: a result other than
     ``None``/``False`` means it happened (``True``: happened, no result to give), and
-    the program gets that instead of a second run; without either, a person decides."""
+    the program gets that (returned) instead of a second run (``_RUN``); without
+    either, a person decides."""
     from stenograph.recorder.effects import call_id
 
     cid = call_id(tape.proc, call.channel, call.pos)
     target = f"tool {call.name}"
     if tape.settlement().how(cid, target) is None or spec.idempotency_key is not None:
-        return
+        return _RUN
     if spec.probe is None:
         tape.settlement().needs_person(cid, target, "the tool declares no idempotency key "
                                        "and no probe")
-    token = IN_DECLARED_EFFECT.set(True)
-    try:
-        with tape.shim.paused():
-            found = spec.probe(*args, **kwargs)
-    finally:
-        IN_DECLARED_EFFECT.reset(token)
-    if found is not None and found is not False:
-        raise _Probed(None if found is True else found)
+    with _scope(spec), tape.shim.paused():
+        found = spec.probe(*args, **kwargs)
+    if found is None or found is False:
+        return _RUN
+    return None if found is True else found
 
 
 class PolicyDenied(PermissionError):
@@ -235,14 +229,14 @@ def _authorize(tape: PyTape, call: _Call) -> None:
 
 
 def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any, ...],
-            kwargs: dict[str, Any]) -> None:
+            kwargs: dict[str, Any]) -> Any:
     """Record: a held call's approval first (``stenograph.approval``: the run pauses, or
     ``ApprovalDenied``), then a declared effect's intent durable before the tool runs, or
-    no run. Raises ``_Probed`` when a resume's probe found the effect already done."""
+    no run. ``_RUN``, or the result a resume's probe found (recorded: the call is done)."""
     if call.channel == "model" or (spec is not None and spec.effect):
         _authorize(tape, call)
     if spec is None:
-        return
+        return _RUN
     if spec.approval is not None:
         summary = spec.summary(call.name, args, kwargs)
         if summary is not None:
@@ -254,9 +248,10 @@ def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any,
                 call.recorded(error=exc)
                 raise
     if not spec.effect:
-        return
-    if tape.resuming:
-        _settle_in_doubt(tape, call, spec, args, kwargs)
+        return _RUN
+    if tape.resuming and (found := _settle_in_doubt(tape, call, spec, args, kwargs)) is not _RUN:
+        call.recorded(found)
+        return found
     key = spec.key(tape, call, args, kwargs)
     if not tape.intent(call.channel, call.pos, f"tool {call.name}", call.request["body"],
                        key, call.fp):
@@ -264,6 +259,7 @@ def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any,
                                     f"{call.name} durable; it was not run")
         call.recorded(error=exc)
         raise exc
+    return _RUN
 
 
 @contextlib.contextmanager
@@ -293,11 +289,8 @@ def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None)
                     call = _Call(tape, channel, label, args, kwargs)
                     if tape.mode == "replay":
                         return call.replayed()
-                    try:
-                        _intent(tape, call, spec, args, kwargs)
-                    except _Probed as done:
-                        call.recorded(done.result)
-                        return done.result
+                    if (done := _intent(tape, call, spec, args, kwargs)) is not _RUN:
+                        return done
                     try:
                         with _scope(spec):
                             result = await fn(*args, **kwargs)
@@ -315,11 +308,8 @@ def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None)
                 with tape.shim.paused():
                     return call.replayed(entry)
             with tape.shim.paused():
-                try:
-                    _intent(tape, call, spec, args, kwargs)
-                except _Probed as done:
-                    call.recorded(done.result)
-                    return done.result
+                if (done := _intent(tape, call, spec, args, kwargs)) is not _RUN:
+                    return done
             try:
                 with _scope(spec):
                     result = await seam._aioloop().Drive(tape, fn(*args, **kwargs),
@@ -342,11 +332,8 @@ def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None)
             call = _Call(tape, channel, label, args, kwargs)
             if tape.mode == "replay":
                 return call.replayed()
-            try:
-                _intent(tape, call, spec, args, kwargs)
-            except _Probed as done:
-                call.recorded(done.result)
-                return done.result
+            if (done := _intent(tape, call, spec, args, kwargs)) is not _RUN:
+                return done
             try:
                 with _scope(spec):
                     result = fn(*args, **kwargs)
