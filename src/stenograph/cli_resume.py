@@ -14,6 +14,7 @@ checkpoint and ``RunEnded``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -320,7 +321,10 @@ def _seal(started: dict[str, Any], tape: Path, sock_dir: Path, store: Path) -> S
     started is hidden (the replayed prefix makes the same names again), except the
     directories this resume needs (the store, the working directory, its own); the
     workspace stays the real one (the resumed run's writes are real)."""
-    before = started.get("tmp_names")
+    before: Any = None
+    with contextlib.suppress(OSError, ValueError, AttributeError, StenographError):
+        before = json.loads(BlobStore(store / "blobs").get(
+            BlobRef.from_body(started.get("tmp_names"))))
     roots = [r for r in recorded_rules(started) if os.path.isdir(r)]
     needed = [os.path.realpath(p) for p in (tape, sock_dir, store,
                                              str(started.get("cwd") or "/"))]

@@ -434,7 +434,7 @@ def _record_leased(store_path: Path, traj: str, argv: list[str], env: dict[str, 
             "sealed_state": snapshot_state(),  # what replay puts back (launch.Seal)
             "asyncio": asyncio_loop,
             "workspace": ws.to_body() if ws else None,
-            "tmp_names": _tmp_names(env),  # what a resume leaves visible in /tmp
+            "tmp_names": _tmp_names(env, store.blobs),  # what a resume leaves in /tmp
         })
         # the recording is the trajectory's first lease: epoch 0, this recorder
         store.append(traj, "LeaseAcquired", {"epoch": worker.epoch, "pid": os.getpid(),
@@ -489,14 +489,20 @@ def _record_leased(store_path: Path, traj: str, argv: list[str], env: dict[str, 
 TMP_NAMES_MAX = 20_000
 
 
-def _tmp_names(env: dict[str, str]) -> dict[str, list[str]] | None:
-    """The names in /tmp, /var/tmp and $TMPDIR as the run starts: a resume hides what
-    appeared since (the replayed prefix makes those names again). None past
-    ``TMP_NAMES_MAX`` names: the resume then hides nothing."""
+def _tmp_names(env: dict[str, str], blobs: BlobStore) -> dict[str, Any] | None:
+    """A blob of the names in /tmp, /var/tmp and $TMPDIR as the run starts (JSON ``{root:
+    [name...]}``): a resume hides what appeared since (the replayed prefix makes those
+    names again). A busy /tmp holds thousands of names: they go to the blob store, not
+    into RunStarted. None past ``TMP_NAMES_MAX`` names, or when the blob cannot be
+    written: the resume then hides nothing."""
     names = listing(seal_roots(env))
     if sum(len(v) for v in names.values()) > TMP_NAMES_MAX:
         return None
-    return {root: sorted(v) for root, v in names.items()}
+    data = json.dumps({root: sorted(v) for root, v in names.items()}).encode()
+    try:
+        return blobs.put(data).to_body()
+    except OSError:
+        return None
 
 
 def run_ended(result: RunResult, stats: Any, exchanges: ExchangeServer,
