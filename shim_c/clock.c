@@ -56,8 +56,23 @@ static void clock_go_live(void) {
     }
 }
 
+/* Build replay: a live read after a served one continues from it (1 us later), at the
+ * real clock's pace, until the next served value re-anchors the clock. */
+static int64_t g_anchor_ns[16];
+static void build_anchor(int id, const struct timespec *real) {
+    int64_t s = g_served_ns[id];
+    if (!s || s == g_anchor_ns[id] || id == CLOCK_THREAD_CPUTIME_ID ||
+        id == CLOCK_PROCESS_CPUTIME_ID)
+        return;
+    g_anchor_ns[id] = s;
+    int64_t shift = s - (real->tv_sec * 1000000000LL + real->tv_nsec) + 1000;
+    g_shift_ns[id] = shift ? shift : 1;
+}
+
 static inline void clock_shift(int id, struct timespec *ts) {
-    if ((unsigned)id >= 16 || !g_shift_ns[id]) return;
+    if ((unsigned)id >= 16) return;
+    if (UNLIKELY(g_build)) build_anchor(id, ts);
+    if (!g_shift_ns[id]) return;
     int64_t v = ts->tv_sec * 1000000000LL + ts->tv_nsec + g_shift_ns[id];
     ts->tv_sec = v / 1000000000LL;
     ts->tv_nsec = v % 1000000000LL;
@@ -134,7 +149,11 @@ static inline int clock_gettime_at(uintptr_t ra, clockid_t id, struct timespec *
             if ((unsigned)id < 16) g_served_ns[id] = r.a * 1000000000LL + r.b;
             return 0;
         }
-        if (!WENT_LIVE()) return real_clock_gettime(id, ts);
+        if (!WENT_LIVE()) {
+            int rc = real_clock_gettime(id, ts);
+            if (UNLIKELY(g_build) && !rc) clock_shift(id, ts);
+            return rc;
+        }
     }
     int rc = real_clock_gettime(id, ts);
     if (UNLIKELY(g_clock_shift) && !rc) clock_shift(id, ts);

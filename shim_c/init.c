@@ -22,6 +22,7 @@ __attribute__((constructor)) static void shim_init(void) {
         const char *v = *e;
         if (!starts(v, "STENO_")) continue;
         if (starts(v, "STENO_EDITED=1")) g_anysite = 1; /* another program: other call sites */
+        if (starts(v, "STENO_BUILD=1")) g_build = g_anysite = 1; /* kept for children too */
         if (starts(v, "STENO_MODE=")) mode = v + 11;
         else if (starts(v, "STENO_SOCK=")) sock = v + 11;
         else if (starts(v, "STENO_TAPE=")) tape = v + 11;
@@ -76,6 +77,8 @@ __attribute__((constructor)) static void shim_init(void) {
     g_mode = m;
     g_virt = m == MODE_REPLAY;
     g_resume = g_resume && m == MODE_REPLAY;
+    g_build = g_build && m == MODE_REPLAY && !g_resume;
+    if (g_build) g_lenient = g_clock_shift = 1;
     if (m != MODE_OFF) install_filters();
     g_inited = 1;
     if (m != MODE_OFF) procinfo();
@@ -90,4 +93,7 @@ static void final_flush(void) {
     T.guard--;
 }
 
-__attribute__((destructor)) static void shim_fini(void) { final_flush(); }
+__attribute__((destructor)) static void shim_fini(void) {
+    build_flush();
+    final_flush();
+}

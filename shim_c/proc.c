@@ -151,6 +151,7 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
 }
 
 static void before_exec(void) {
+    build_flush();
     if (g_mode != MODE_RECORD || reentered()) return; /* flushing would wait on our own lock */
     T.guard++;
     barrier(MSG_BARRIER); /* the recorder drains every ring of this process first */
@@ -273,6 +274,7 @@ EXPORT FILE *popen(const char *cmd, const char *type) {
 
 EXPORT void _exit(int status) {
     RESOLVE(_exit);
+    build_flush();
     final_flush();
     real__exit(status);
     __builtin_unreachable();

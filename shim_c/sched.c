@@ -571,7 +571,7 @@ static long sched_futex(long a, long b, long c, long d, long e, long f) {
 
 /* The first on-schedule thread start turns the schedule on, with the creator holding. */
 static void sched_thread_created(void) {
-    if (S.on || !g_mode) return;
+    if (S.on || !g_mode || g_build) return; /* build replay: threads run unscheduled */
     tls_t *t = me();
     __atomic_store_n(&S.state, (uint64_t)(t->tindex + 1), __ATOMIC_RELEASE);
     t->holding = 1;

@@ -22,6 +22,7 @@
  * inline across parts. setup.py compiles this file only.
  */
 #include "shim.h"     /* includes, raw syscalls, global state, per-thread types, gates */
+#include "build.c"    /* build replay: served while it fits, else live; drift counts */
 #include "core.c"     /* helpers, arena, spin locks, the connection, barriers, serve, reports */
 #include "ring.c"     /* record: per-thread rings shared with the recorder, rec / rec2 */
 #include "clock.c"    /* channel clock */

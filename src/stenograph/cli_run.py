@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 
 import click
 
-from stenograph import __version__
+from stenograph import __version__, buildreplay
 from stenograph.cli_checks import input_file, output_file, traj_id
 from stenograph.interpose.launch import (
     RunResult,
@@ -580,12 +580,25 @@ def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[
               help="Show PATH (a file or directory in the workspace) as it is now, not as "
               "recorded: the code of a program you changed. Files named on an edited "
               "command line (`-- CMD`) are live anyway.")
+@click.option("--build", "build", is_flag=True,
+              help="Judge another build of the program (CI, regress, bisect): model "
+              "requests, tool calls, effects and the exit status are strict; clocks, "
+              "entropy, listings, identity, waits, pipe shape and threads are served "
+              "while they fit, then live, and counted as drift. The workspace's code "
+              "(--code) is live, its other files as recorded; stdout is not compared.")
+@click.option("--compare-output", is_flag=True,
+              help="With --build: stdout and stderr must be identical too.")
+@click.option("--code", "code_globs", multiple=True, metavar="GLOB",
+              help="With --build: workspace files that are the build's code, shown as "
+              "they are now (default: *.py, *.pyi, *.so, pyproject.toml, setup.py, lock "
+              "files...; repeatable; `none`: every file as recorded).")
 @click.option("--stop-at", hidden=True, default=None, metavar="PROC:POS",
               help="Snapshot the workspace at this model request into KEEP_TAPE/stop and "
               "end there (`stenograph checkpoint restore`).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unsealed: bool,
            keep_tape: str | None, keep_writes: str | None, live: tuple[str, ...],
+           build: bool, compare_output: bool, code_globs: tuple[str, ...],
            stop_at: str | None, cmd: tuple[str, ...]) -> None:
     """Re-run a recorded command, serving every recorded clock, byte and listing.
 
@@ -593,6 +606,11 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
     fresh and each recorded workspace directory holds the files it held when the
     recording started, whatever it holds now; nothing it writes reaches the real files."""
     input_file(file)
+    if build and lenient:
+        raise BadInput("--lenient and --build do not mix (build replay serves live values "
+                       "wherever the tape does not fit)")
+    if not build and (compare_output or code_globs):
+        raise BadInput("--compare-output and --code need --build")
     if keep_writes is not None:
         if unsealed:
             raise BadInput("--keep-writes needs a sealed replay (drop --unsealed)")
@@ -618,7 +636,9 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
             raise CorruptLog("RunStarted has no environment map", file, 0)
         env = replay_env({str(k): str(v) for k, v in rec_env.items()}, dict(os.environ))
         extra = {"STENO_TAPE": str(tape)}
-        if started.get("asyncio"):
+        if build:
+            extra["STENO_BUILD"] = "1"  # and no loop tape: another build's ticks differ
+        elif started.get("asyncio"):
             extra["STENO_ASYNCIO"] = "1"
         if argv != [str(a) for a in started["argv"]]:
             extra["STENO_EDITED"] = "1"  # another command: its own paths are not divergences
@@ -636,9 +656,13 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         if snap is not None and not unsealed:
             blob_map = MapBlobs(blobs)
             named = [a for a in cmd if os.path.exists(a)] if cmd else []
-            mounts = prepare_workspace(load_manifest(blob_map, snap), blob_map,
-                                       recorded_rules(started), tape / "ws",
-                                       live=[*live, *named])
+            manifest = load_manifest(blob_map, snap)
+            if build and code_globs != ("none",):
+                named += buildreplay.code_paths(
+                    {r: manifest.trees.get(r, {}) for r in manifest.roots},
+                    recorded_rules(started), code_globs or buildreplay.CODE_GLOBS)
+            mounts = prepare_workspace(manifest, blob_map, recorded_rules(started),
+                                       tape / "ws", live=[*live, *named])
         sealed_cwd = cwd if isinstance(cwd, str) and mounts else None
         if not isinstance(cwd, str) or not os.path.isdir(cwd):
             cwd = None
@@ -651,13 +675,28 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
                                     started, ended, tape, mounts, keep_writes, sealed_cwd),
                                 cut=cut if killed and all(isinstance(n, int) for n in cut)
                                 else None)
-        report = _report(file, tape, started, ended, result, argv)
+        if build:
+            report = buildreplay.report(file, tape, events, ended, result, argv,
+                                        compare_output)
+        else:
+            report = _report(file, tape, started, ended, result, argv)
     finally:
         if not keep_tape:
             shutil.rmtree(tape, ignore_errors=True)
         if keep_writes is not None:  # overlayfs's work directories: nothing to keep
             for w in Path(keep_writes).glob(".work-*"):
                 shutil.rmtree(w, ignore_errors=True)
+    if build:
+        if as_json:
+            click.echo(json.dumps(report, sort_keys=True, default=str))
+        else:
+            buildreplay.print_report(report, lambda line: click.echo(line, err=True))
+        if report["divergences"]:
+            if not as_json:
+                raise ReplayDiverged(f"build replay diverged ({len(report['divergences'])} "
+                                     "divergence(s))", file)
+            sys.exit(ReplayDiverged.exit_code)
+        return
     _print_report(report, as_json)
     if report["divergences"]:
         if not as_json:

@@ -104,6 +104,33 @@ def request_diff(recorded: dict[str, Any], actual: dict[str, Any], limit: int = 
     return lines
 
 
+def json_diff(recorded: dict[str, Any], actual: dict[str, Any],
+              limit: int = 50) -> list[dict[str, Any]]:
+    """How ``actual`` differs from ``recorded``, as ``{"path", "recorded", "asked"}``
+    objects (a JSON body by leaf path; another body as a whole); absent = ``None``."""
+    out: list[dict[str, Any]] = []
+    if recorded["method"] != actual["method"]:
+        out.append({"path": "method", "recorded": recorded["method"],
+                    "asked": actual["method"]})
+    if canonical_url(recorded["url"]) != canonical_url(actual["url"]):
+        out.append({"path": "url", "recorded": recorded["url"], "asked": actual["url"]})
+    rb, ab = recorded["body"], actual["body"]
+    rj, aj = parse_json(rb), parse_json(ab)
+    if rj is not None and aj is not None:
+        fr, fa = _flatten(rj), _flatten(aj)
+        for path in sorted(set(fr) | set(fa), key=lambda p: (p.count("."), p)):
+            if fr.get(path, _ABSENT) != fa.get(path, _ABSENT):
+                out.append({"path": f"body {path}", "recorded": fr.get(path),
+                            "asked": fa.get(path)})
+    elif rb != ab:
+        out.append({"path": "body", "recorded": rb.decode("utf-8", "replace")[:4000],
+                    "asked": ab.decode("utf-8", "replace")[:4000]})
+    return out[:limit]
+
+
+_ABSENT = object()
+
+
 def distance(recorded: dict[str, Any], actual: dict[str, Any]) -> int:
     """How unlike two requests are (for picking the nearest recorded candidate)."""
     return len(request_diff(recorded, actual, limit=10_000))

@@ -50,7 +50,8 @@ from typing import Any, NoReturn
 import msgpack
 
 from stenograph.interpose import gcpoints, resume_plan, stoppoint
-from stenograph.interpose.fingerprint import distance, request_diff
+from stenograph.interpose.fingerprint import distance, json_diff, request_diff
+from stenograph.interpose.incidental import Incidentals, masked_key
 from stenograph.interpose.redact import RedactionRules
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.exchanges import is_lost_body
@@ -187,6 +188,11 @@ class PyTape:
         self.authorizing = getenv("STENO_AUTHORIZE") == "1"
         """``--policy`` or a budget: every model call and effect is authorized first."""
         """``stenograph resume``: replay while the recorded calls last, then record."""
+        self.build = mode == "replay" and getenv("STENO_BUILD") == "1"
+        """``replay --build``: requests match with their incidental values masked."""
+        self._incidentals: Incidentals | None = None
+        self._masked: dict[tuple[str, int], str] = {}
+        self._turns = 0
         self._settle: resume_plan.Settlement | None = None
         os.register_at_fork(after_in_child=self._after_fork)
 
@@ -417,9 +423,12 @@ class PyTape:
             used = self._used.setdefault(channel, set())
             free = [i for i in range(len(stream)) if i not in used][:MATCH_WINDOW]
             found = next((i for i in free if stream[i].get("fingerprint") == fp), None)
+            if found is None and self.build:
+                found = self._masked_match(channel, stream, free, request)
             if found is not None:
                 used.add(found)
         if found is not None:
+            self._served(channel, stream[found])
             _import_all(stream[found].get("imports") or [])
             return stream[found]
         nearest = None
@@ -440,6 +449,9 @@ class PyTape:
                 lines.insert(0, f"the tool schemas changed since the crash, and "
                                 f"{', '.join(doubt)} has an effect in doubt: refusing to "
                                 "resume (its recorded arguments would mean something else)")
+        if self.build:
+            self._build_divergence(channel, pos, request,
+                                   None if nearest is None else stream[nearest])
         self.diverge(channel, pos, lines)
         if nearest is None:
             raise ReplayExhausted("\n".join(lines))
@@ -447,6 +459,61 @@ class PyTape:
             self._used[channel].add(nearest)
         _import_all(stream[nearest].get("imports") or [])
         return stream[nearest]
+
+    # -- build replay -----------------------------------------------------------------
+
+    def _masked_match(self, channel: str, stream: list[dict[str, Any]], free: list[int],
+                      request: dict[str, Any]) -> int | None:
+        """The first free entry equal to ``request`` once incidental values are masked
+        (``incidental``): the new build's own timestamps and ids are not changes."""
+        if self._tape_dir is None:
+            return None
+        if self._incidentals is None:
+            self._incidentals = Incidentals.from_tape(self._tape_dir)
+        inc = self._incidentals
+        key = masked_key(request["method"], request["url"], request["body"], inc,
+                         recorded=False)
+        for i in free:
+            k = (channel, i)
+            if k not in self._masked:
+                rec = self._req_of(stream[i])
+                self._masked[k] = masked_key(rec["method"], rec["url"], rec["body"], inc,
+                                             recorded=True)
+            if self._masked[k] == key:
+                self._note("build-masked.jsonl", {"channel": channel,
+                                                  "pos": stream[i].get("pos")})
+                return i
+        return None
+
+    def _served(self, channel: str, entry: dict[str, Any]) -> None:
+        if channel == "model":
+            self._turns += 1
+        if self.build:
+            self._note("build-served.jsonl", {"channel": channel, "pos": entry.get("pos")})
+
+    def _build_divergence(self, channel: str, pos: int, request: dict[str, Any],
+                          nearest: dict[str, Any] | None) -> None:
+        """The structured form of a semantic divergence (``replay --build --json``)."""
+        turn = self._turns + (1 if channel == "model" else 0)
+        doc: dict[str, Any] = {
+            "turn": turn, "channel": channel,
+            "call": f"{channel} #{pos} {request['method']} {request['url']}",
+            "kind": "unrecorded" if nearest is None else "changed",
+        }
+        if nearest is not None:
+            doc["nearest"] = nearest.get("pos")
+            doc["diff"] = json_diff(self._req_of(nearest), request)
+        self._note("build-divergence.jsonl", doc)
+
+    def _note(self, name: str, doc: dict[str, Any]) -> None:
+        if self._tape_dir is None:
+            return
+        doc = {"proc": self.proc, **doc}
+        fd = os.open(self._tape_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, (json.dumps(doc, default=str) + "\n").encode())
+        finally:
+            os.close(fd)
 
     def _req_of(self, entry: dict[str, Any]) -> dict[str, Any]:
         req = entry["request"]
@@ -582,6 +649,6 @@ def current() -> PyTape | None:
             sock_path=getenv("STENO_PYSOCK"),
             tape_dir=getenv("STENO_TAPE"),
             store_dir=getenv("STENO_STORE"),
-            lenient=getenv("STENO_LENIENT") == "1",
+            lenient=getenv("STENO_LENIENT") == "1" and getenv("STENO_BUILD") != "1",
         )
     return _current

@@ -1,0 +1,221 @@
+"""Build replay: a recording of one build judged against another (``replay --build``).
+
+What is strict: the requests the program makes to models, tools and effects (matched by
+the Python hooks, with incidental values masked: ``interpose.incidental``), how many of
+them each process makes, and the exit status of the process tree. What is drift: every
+channel of the C tape (``shim_c/build.c``), counted per channel. This module holds what
+the CLI needs around a run: which workspace files are the build's code (they are shown
+live in the sealed workspace, everything else as recorded), and the report.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from stenograph.recorder.reader import Event
+
+CODE_GLOBS = ("*.py", "*.pyc", "*.pyi", "*.pth", "*.so", "pyproject.toml", "setup.py", "setup.cfg",
+              "requirements*.txt", "uv.lock", "poetry.lock")
+"""What counts as the build's code in a workspace (``replay --build --code GLOB``)."""
+
+SEMANTIC_CHANNELS = ("model", "http", "tool")
+
+
+def code_paths(roots: Mapping[str, Mapping[str, Any]], rules: Mapping[str, Any],
+               globs: Sequence[str] = CODE_GLOBS) -> list[str]:
+    """The paths to show live in a build replay: under each recorded workspace root
+    (``roots``: root -> recorded tree), every file matching ``globs`` as it is now, and
+    every recorded one that matches, so a module the build deleted is gone. A directory
+    the recording lacks is live as a whole (a new package)."""
+    out: set[str] = set()
+    for root, tree in roots.items():
+        rule = rules.get(root)
+        for rel in tree:
+            if _is_code(rel, globs):
+                out.add(os.path.join(root, rel))
+        if not os.path.isdir(root):
+            continue
+        for dirpath, dirnames, filenames in os.walk(root):
+            reldir = os.path.relpath(dirpath, root)
+            reldir = "" if reldir == "." else reldir
+            keep = []
+            for d in dirnames:
+                rel = f"{reldir}/{d}" if reldir else d
+                if rule is not None and rule.ignored(rel, True):
+                    continue
+                keep.append(d)
+            dirnames[:] = keep
+            for f in filenames:
+                rel = f"{reldir}/{f}" if reldir else f
+                if not _is_code(rel, globs) or (rule is not None and rule.ignored(rel, False)):
+                    continue
+                out.add(os.path.join(root, _new_top(rel, tree)))
+    return sorted(_outermost(out))
+
+
+def _is_code(rel: str, globs: Sequence[str]) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatch(name, g) for g in globs)
+
+
+def _new_top(rel: str, tree: Mapping[str, Any]) -> str:
+    """``rel``, or its outermost ancestor directory the recording does not have."""
+    parts = rel.split("/")
+    for i in range(1, len(parts)):
+        head = "/".join(parts[:i])
+        if head not in tree:
+            return head
+    return rel
+
+
+def _outermost(paths: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for p in sorted(paths):
+        if out and p.startswith(out[-1].rstrip("/") + "/"):
+            continue
+        out.append(p)
+    return out
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            out.append(doc)
+    return out
+
+
+def _turns(events: Sequence[Event]) -> dict[tuple[str, str, int], int]:
+    """The turn each recorded call belongs to: a model request opens the next turn; the
+    calls after its reply belong to it."""
+    out: dict[tuple[str, str, int], int] = {}
+    turn = 0
+    for ev in events:
+        if ev.kind != "Exchange":
+            continue
+        b = ev.body
+        ch = str(b.get("channel"))
+        if ch == "model":
+            turn += 1
+        if isinstance(b.get("pos"), int):
+            out[(str(b.get("proc")), ch, b["pos"])] = turn
+    return out
+
+
+def _call(entry: Mapping[str, Any], channel: str) -> str:
+    req = entry.get("request") or {}
+    return f"{channel} #{entry.get('pos')} {req.get('method', '?')} {req.get('url', '?')}"
+
+
+def drift_counts(tape: Path) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Per channel, how many tape records did not fit the build (``build.c``), and the
+    first miss of each channel as the shim described it."""
+    counts: dict[str, int] = {}
+    first: list[dict[str, Any]] = []
+    path = tape / "divergence"
+    if path.is_file():
+        for line in path.read_text(errors="replace").splitlines():
+            kind, *fields = line.split("\t")
+            kv = dict(f.split("=", 1) for f in fields if "=" in f)
+            if kind == "drift-count":
+                ch = kv.get("channel", "?")
+                counts[ch] = counts.get(ch, 0) + int(kv.get("count", "0") or 0)
+            elif kind == "drift":
+                first.append({"proc": kv.get("proc"), "thread": kv.get("thread"),
+                              "channel": kv.get("channel"), "position": kv.get("pos"),
+                              "recorded": kv.get("recorded"), "asked": kv.get("asked")})
+    masked = len(_jsonl(tape / "build-masked.jsonl"))
+    if masked:
+        counts["request values"] = masked
+    return counts, first
+
+
+def report(file: str, tape: Path, events: Sequence[Event], ended: Mapping[str, Any],
+           result: Any, argv: list[str], compare_output: bool) -> dict[str, Any]:
+    """The build replay's verdict: semantic divergences, drift counts, exit status."""
+    turns = _turns(events)
+    divs: list[dict[str, Any]] = []
+    for d in _jsonl(tape / "build-divergence.jsonl"):
+        divs.append({"turn": d.get("turn"), "channel": d.get("channel"), "call": d.get("call"),
+                     "kind": d.get("kind"), "proc": d.get("proc"),
+                     "nearest": d.get("nearest"), "diff": d.get("diff") or []})
+    served: dict[tuple[str, str], set[int]] = {}
+    for s in _jsonl(tape / "build-served.jsonl"):
+        if isinstance(s.get("pos"), int):
+            served.setdefault((str(s.get("proc")), str(s.get("channel"))), set()).add(s["pos"])
+    if not divs:
+        for path in sorted((tape / "py").glob("*.msgpack")):
+            proc = path.stem
+            streams = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+            for ch in SEMANTIC_CHANNELS:
+                for entry in streams.get(ch) or []:
+                    pos = entry.get("pos")
+                    if pos in served.get((proc, ch), set()):
+                        continue
+                    divs.append({"turn": turns.get((proc, ch, pos)), "channel": ch,
+                                 "call": _call(entry, ch), "kind": "missing", "proc": proc,
+                                 "diff": [{"path": "call", "recorded": _call(entry, ch),
+                                           "asked": None}]})
+    status = {"recorded": ended.get("status"), "replayed": result.status}
+    if not divs and status["recorded"] != status["replayed"]:
+        divs.append({"turn": max(turns.values(), default=0), "channel": "exit",
+                     "call": "the process tree's exit status", "kind": "changed",
+                     "proc": "0", "diff": [{"path": "status", "recorded": status["recorded"],
+                                            "asked": status["replayed"]}]})
+    counts, first = drift_counts(tape)
+    out: dict[str, Any] = {"file": file, "argv": argv, "mode": "build", "divergences": divs,
+                           "drift": counts, "drift_first": first, "exit_status": status}
+    if compare_output:
+        same = {"stdout": result.stdout_sha256 == ended.get("stdout_sha256"),
+                "stderr": result.stderr_sha256 == ended.get("stderr_sha256")}
+        out["identical"] = same
+        if not divs and not all(same.values()):
+            different = [k for k, v in same.items() if not v]
+            out["divergences"].append({
+                "turn": max(turns.values(), default=0), "channel": "output",
+                "call": ", ".join(different), "kind": "changed", "proc": "0",
+                "diff": [{"path": k, "recorded": ended.get(f"{k}_sha256"),
+                          "asked": getattr(result, f"{k}_sha256")} for k in different]})
+    return out
+
+
+def print_report(rep: Mapping[str, Any], echo: Any) -> None:
+    """The human form: one block per divergence, one drift line, a verdict."""
+    for d in rep["divergences"]:
+        turn = d.get("turn")
+        where = f"turn {turn}" if turn else "before the first turn"
+        what = {"changed": "changed", "unrecorded": "not in the recording",
+                "missing": "recorded but not made"}.get(str(d.get("kind")), d.get("kind"))
+        echo(f"stenograph: divergence: {where}, {d['channel']}: {d['call']} ({what})")
+        if d.get("nearest") is not None:
+            echo(f"  against the nearest recorded call, #{d['nearest']}:")
+        for c in d.get("diff") or []:
+            echo(f"  {c['path']}:")
+            echo(f"    recorded {_short(c.get('recorded'))}")
+            echo(f"    asked    {_short(c.get('asked'))}")
+    drift = rep.get("drift") or {}
+    if drift:
+        echo("stenograph: drift (not failures): " + ", ".join(
+            f"{ch} {n}" for ch, n in sorted(drift.items())))
+    if not rep["divergences"]:
+        st = rep["exit_status"]
+        echo(f"stenograph: build replay matches: every recorded call made, exit status "
+             f"{st['replayed']}")
+
+
+def _short(v: Any, width: int = 160) -> str:
+    s = json.dumps(v, ensure_ascii=False, default=str)
+    return s if len(s) <= width else s[: width - 3] + "..."
