@@ -206,6 +206,8 @@ def print_report(rep: Mapping[str, Any], echo: Any) -> None:
             echo(f"  {c['path']}:")
             echo(f"    recorded {_short(c.get('recorded'))}")
             echo(f"    asked    {_short(c.get('asked'))}")
+    for note in rep.get("notes") or []:
+        echo(f"stenograph: note: {note}")
     drift = rep.get("drift") or {}
     if drift:
         echo("stenograph: drift (not failures): " + ", ".join(

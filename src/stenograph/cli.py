@@ -424,11 +424,13 @@ def _register_optional() -> None:
     main.add_command(record)
     main.add_command(replay)
     from stenograph.cli_checkpoint import checkpoint
+    from stenograph.cli_regress import regress
     from stenograph.cli_resume import resume
     from stenograph.cli_status import approve, deliver, deny, settle, status
 
     main.add_command(checkpoint)
     main.add_command(resume)
+    main.add_command(regress)
     main.add_command(status)
     main.add_command(settle)
     main.add_command(approve)

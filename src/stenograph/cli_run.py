@@ -592,6 +592,9 @@ def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[
               help="With --build: workspace files that are the build's code, shown as "
               "they are now (default: *.py, *.pyi, *.so, pyproject.toml, setup.py, lock "
               "files...; repeatable; `none`: every file as recorded).")
+@click.option("--env", "env_set", multiple=True, metavar="NAME=VALUE",
+              help="With --build: set NAME in the program's environment (which is "
+              "otherwise the recorded one), e.g. PYTHONPATH for the build under test.")
 @click.option("--stop-at", hidden=True, default=None, metavar="PROC:POS",
               help="Snapshot the workspace at this model request into KEEP_TAPE/stop and "
               "end there (`stenograph checkpoint restore`).")
@@ -599,7 +602,7 @@ def _load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[
 def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unsealed: bool,
            keep_tape: str | None, keep_writes: str | None, live: tuple[str, ...],
            build: bool, compare_output: bool, code_globs: tuple[str, ...],
-           stop_at: str | None, cmd: tuple[str, ...]) -> None:
+           env_set: tuple[str, ...], stop_at: str | None, cmd: tuple[str, ...]) -> None:
     """Re-run a recorded command, serving every recorded clock, byte and listing.
 
     Sealed (the default): the program runs in a private mount namespace where /tmp is
@@ -609,8 +612,14 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
     if build and lenient:
         raise BadInput("--lenient and --build do not mix (build replay serves live values "
                        "wherever the tape does not fit)")
-    if not build and (compare_output or code_globs):
-        raise BadInput("--compare-output and --code need --build")
+    if not build and (compare_output or code_globs or env_set):
+        raise BadInput("--compare-output, --code and --env need --build")
+    overrides = {}
+    for item in env_set:
+        name, eq, value = item.partition("=")
+        if not eq or not name or name.startswith("STENO_") or "\0" in item:
+            raise BadInput("--env wants NAME=VALUE (not a STENO_ variable)", item)
+        overrides[name] = value
     if keep_writes is not None:
         if unsealed:
             raise BadInput("--keep-writes needs a sealed replay (drop --unsealed)")
@@ -619,9 +628,10 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
             raise BadInput("--keep-writes: not an empty directory", keep_writes)
     started, ended, events, blobs = _load(file)
     recorded = str(started.get("shim") or "?").partition("/")[0]
-    if recorded != str(PROTOCOL):
+    old_tape = recorded != str(PROTOCOL)
+    if old_tape and not build:
         raise BadInput(f"recorded with shim protocol {recorded}; this stenograph speaks "
-                       f"{PROTOCOL}", file)
+                       f"{PROTOCOL} (a build replay, --build, still reads it)", file)
     argv = list(cmd) or [str(a) for a in started["argv"]]
     tape = Path(keep_tape) if keep_tape else Path(tempfile.mkdtemp(prefix="steno-tape-"))
     try:
@@ -629,12 +639,14 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
             tape.mkdir(parents=True, exist_ok=True)
             (tape / "divergence").unlink(missing_ok=True)
         killed = _killed_by(ended)
-        prepare_tape(events, tape, killed=killed)
+        if not old_tape:  # another protocol's C tape: all incidental, all live
+            prepare_tape(events, tape, killed=killed)
         prepare_py_tape(events, tape, blobs)
         rec_env = started.get("env") or {}
         if not isinstance(rec_env, dict):
             raise CorruptLog("RunStarted has no environment map", file, 0)
         env = replay_env({str(k): str(v) for k, v in rec_env.items()}, dict(os.environ))
+        env.update(overrides)
         extra = {"STENO_TAPE": str(tape)}
         if build:
             extra["STENO_BUILD"] = "1"  # and no loop tape: another build's ticks differ
@@ -678,6 +690,10 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         if build:
             report = buildreplay.report(file, tape, events, ended, result, argv,
                                         compare_output)
+            if old_tape:
+                report["notes"] = [f"recorded with shim protocol {recorded}: its C tape is "
+                                   "not served (every clock, entropy and listing read ran "
+                                   "live)"]
         else:
             report = _report(file, tape, started, ended, result, argv)
     finally:

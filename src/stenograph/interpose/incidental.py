@@ -41,16 +41,19 @@ _NEW_SLACK = 86400.0
 
 _MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 _DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
+_H, _NH = r"(?<![0-9a-fA-F])", r"(?![0-9a-fA-F])"
+_D, _ND = r"(?<!\d)(?<!\d\.)", r"(?![\d])"
 _TOKENS = re.compile(
-    r"(?P<uuid>\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)"
-    r"|(?P<iso>\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?)?"
-    r"(?:Z|[+-]\d{2}:?\d{2})?)"
-    rf"|(?P<rfc>\b{_DAY}, \d{{1,2}} {_MONTH} \d{{4}} \d{{2}}:\d{{2}}:\d{{2}} "
+    rf"(?P<uuid>{_H}[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-"
+    rf"[0-9a-fA-F]{{12}}{_NH})"
+    rf"|(?P<iso>(?<!\d)\d{{4}}-\d{{2}}-\d{{2}}(?:[T ]\d{{2}}:\d{{2}}(?::\d{{2}}(?:\.\d{{1,9}})?)?)?"
+    r"(?:Z|[+-]\d{2}:?\d{2})?(?!\d))"
+    rf"|(?P<rfc>{_DAY}, \d{{1,2}} {_MONTH} \d{{4}} \d{{2}}:\d{{2}}:\d{{2}} "
     r"(?:GMT|UTC|[+-]\d{4}))"
-    rf"|(?P<ctime>\b{_DAY} {_MONTH} [ \d]\d \d{{2}}:\d{{2}}:\d{{2}} \d{{4}}\b)"
-    r"|(?P<epoch_ms>\b1\d{12}\b)"
-    r"|(?P<epoch>\b1\d{9}(?:\.\d{1,9})?\b)"
-    r"|(?P<hex>\b[0-9a-fA-F]{16,}\b)"
+    rf"|(?P<ctime>{_DAY} {_MONTH} [ \d]\d \d{{2}}:\d{{2}}:\d{{2}} \d{{4}}{_ND})"
+    rf"|(?P<epoch_ms>{_D}1\d{{12}}{_ND})"
+    rf"|(?P<epoch>{_D}1\d{{9}}(?:\.\d{{1,9}})?{_ND})"
+    rf"|(?P<hex>{_H}[0-9a-fA-F]{{16,}}{_NH})"
 )
 
 
@@ -197,3 +200,10 @@ def masked_key(method: str, url: str, body: bytes, inc: Incidentals, *,
     text = "\0".join([method.upper(), canonical_url(url),
                       canonical_body(body).decode("utf-8", "replace")])
     return mask(text, inc, recorded=recorded)[0]
+
+
+def incidental_only(recorded: object, asked: object, inc: Incidentals) -> bool:
+    """Do two values differ only by incidental values (so a diff need not show them)?"""
+    if not isinstance(recorded, str) or not isinstance(asked, str) or recorded == asked:
+        return False
+    return mask(recorded, inc, recorded=True)[0] == mask(asked, inc, recorded=False)[0]

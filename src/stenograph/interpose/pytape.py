@@ -51,7 +51,7 @@ import msgpack
 
 from stenograph.interpose import gcpoints, resume_plan, stoppoint
 from stenograph.interpose.fingerprint import distance, json_diff, request_diff
-from stenograph.interpose.incidental import Incidentals, masked_key
+from stenograph.interpose.incidental import Incidentals, incidental_only, masked_key
 from stenograph.interpose.redact import RedactionRules
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.exchanges import is_lost_body
@@ -501,8 +501,12 @@ class PyTape:
             "kind": "unrecorded" if nearest is None else "changed",
         }
         if nearest is not None:
+            if self._incidentals is None and self._tape_dir is not None:
+                self._incidentals = Incidentals.from_tape(self._tape_dir)
+            inc = self._incidentals or Incidentals()
             doc["nearest"] = nearest.get("pos")
-            doc["diff"] = json_diff(self._req_of(nearest), request)
+            doc["diff"] = [c for c in json_diff(self._req_of(nearest), request)
+                           if not incidental_only(c["recorded"], c["asked"], inc)]
         self._note("build-divergence.jsonl", doc)
 
     def _note(self, name: str, doc: dict[str, Any]) -> None:

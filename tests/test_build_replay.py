@@ -1,0 +1,166 @@
+"""`stenograph replay --build`: a recording of one build judged against another.
+
+The program is the demo agent (examples/agent.py, the official openai SDK), with a
+timestamp and a uuid4 put into its system prompt, recorded once in a workspace of its
+own. Each test then edits the agent in that workspace the way a developer would -- the
+build under test is the code as it is now -- and build-replays the recording:
+incidental reads (clocks, entropy, uuids, listings, a new import) pass and fail exact
+replay; a changed truncation rule fails at its turn with the diff; an extra model call
+fails as unrecorded; a missing one as missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stenograph.testing.model_server import ModelServer
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "stenograph"]
+SCRIPT = json.loads((REPO / "examples" / "agent_script.json").read_text())
+PROMPT = '"You are a careful agent. Use the tools, then answer."'
+STAMPED = ('f"You are a careful agent. Use the tools, then answer. '
+           'Now: {datetime.now(UTC).isoformat()}; run {uuid.uuid4()}."')
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "STENO_"))}
+    env.update(extra)
+    return env
+
+
+def _base_agent() -> str:
+    src = (REPO / "examples" / "agent.py").read_text()
+    assert PROMPT in src
+    return src.replace(PROMPT, STAMPED)
+
+
+class Recorded:
+    def __init__(self, ws: Path, steno: Path, source: str) -> None:
+        self.ws, self.steno, self.source = ws, steno, source
+
+    def write(self, source: str) -> None:
+        (self.ws / "agent.py").write_text(source)
+
+    def replay(self, *flags: str) -> tuple[int, dict]:
+        p = subprocess.run([*CLI, "replay", *flags, "--json", str(self.steno)], cwd=self.ws,
+                           capture_output=True, timeout=180, env=_env())
+        lines = p.stdout.decode().strip().splitlines()
+        assert lines, p.stderr.decode(errors="replace")[-3000:]
+        return p.returncode, json.loads(lines[-1])
+
+
+def record_agent(root: Path, name: str = "run") -> Recorded:
+    ws = root / name
+    ws.mkdir(parents=True)
+    shutil.copy(REPO / "examples" / "agent_script.json", ws)
+    source = _base_agent()
+    (ws / "agent.py").write_text(source)
+    steno = root / f"{name}.steno"
+    with ModelServer(script=SCRIPT) as srv:
+        p = subprocess.run([*CLI, "record", "-o", str(steno), "--", sys.executable,
+                            "agent.py", "--workdir", "."], cwd=ws, capture_output=True,
+                           timeout=180, env=_env(OPENAI_BASE_URL=srv.openai_base_url,
+                                                 OPENAI_API_KEY="sk-test-build"))
+    assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
+    return Recorded(ws, steno, source)
+
+
+@pytest.fixture(scope="module")
+def rec(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
+    r = record_agent(tmp_path_factory.mktemp("build"))
+    yield r
+
+
+@pytest.fixture()
+def agent(rec: Recorded) -> Iterator[Recorded]:
+    yield rec
+    rec.write(rec.source)
+
+
+INCIDENTAL = (
+    "import decimal, fractions, random  # a new import: listings and stats it makes\n"
+    "_noise = (time.time(), uuid.uuid4(), os.listdir('.'), random.random(), "
+    "os.urandom(8), time.monotonic())\n"
+)
+
+
+def incidental(source: str) -> str:
+    """The agent with more clock, entropy, uuid and listing reads at import and before
+    its prompt is made (so every later served value shifts)."""
+    src = source.replace("from openai import OpenAI\n", "from openai import OpenAI\n" + INCIDENTAL)
+    return src.replace("    started = datetime.now(UTC)\n",
+                       "    time.time(); uuid.uuid4(); datetime.now(UTC); os.listdir('.')\n"
+                       "    started = datetime.now(UTC)\n")
+
+
+def test_the_recorded_build_matches(agent: Recorded) -> None:
+    code, rep = agent.replay("--build")
+    assert code == 0 and rep["divergences"] == [], rep
+    assert rep["exit_status"] == {"recorded": 0, "replayed": 0}
+    assert "identical" not in rep  # stdout is not compared unless asked
+
+
+def test_incidental_reads_pass_build_replay_and_fail_exact_replay(agent: Recorded) -> None:
+    agent.write(incidental(agent.source))
+    code, rep = agent.replay("--build")
+    assert code == 0 and rep["divergences"] == [], rep
+    drift = rep["drift"]
+    assert drift.get("clock", 0) > 0 and drift.get("entropy", 0) > 0, drift
+    # the prompt's timestamp and uuid are the new build's own: masked, not a change
+    assert drift.get("request values", 0) >= 1, drift
+    code, exact = agent.replay("--live", str(agent.ws / "agent.py"))
+    assert code == 1 and exact["divergences"], exact
+    code, rep = agent.replay("--build", "--compare-output")
+    assert code == 1 and rep["divergences"][0]["channel"] == "output", rep
+
+
+def test_a_changed_truncation_rule_fails_at_its_turn_with_the_diff(agent: Recorded) -> None:
+    agent.write(incidental(agent.source).replace("MAX_OUTPUT = 4000", "MAX_OUTPUT = 40"))
+    code, rep = agent.replay("--build")
+    assert code == 1, rep
+    (d,) = rep["divergences"]
+    # turn 2's tool (read_file of the script) is the first output longer than 40
+    assert (d["turn"], d["channel"], d["kind"]) == (3, "model", "changed"), d
+    paths = [c["path"] for c in d["diff"]]
+    assert paths == ["body $.messages[5].content"], paths  # the stamped prompt is not shown
+    assert d["diff"][0]["asked"] == d["diff"][0]["recorded"][:40]
+
+
+def test_an_extra_model_call_fails_as_unrecorded(agent: Recorded) -> None:
+    extra = agent.source.replace(
+        '            print(f"final answer: {msg.content or \'\'}")\n',
+        '            print(f"final answer: {msg.content or \'\'}")\n'
+        '            client.chat.completions.create(model=a.model, messages=messages)\n')
+    assert extra != agent.source
+    agent.write(extra)
+    code, rep = agent.replay("--build")
+    assert code == 1, rep
+    (d,) = rep["divergences"]
+    assert (d["turn"], d["channel"], d["kind"]) == (5, "model", "unrecorded"), d
+
+
+def test_a_missing_model_call_fails_as_missing(agent: Recorded) -> None:
+    agent.write(agent.source.replace("MAX_STEPS = 10", "MAX_STEPS = 2"))
+    code, rep = agent.replay("--build")
+    assert code == 1, rep
+    missing = [d for d in rep["divergences"] if d["kind"] == "missing"]
+    assert [(d["turn"], d["channel"]) for d in missing] == [(3, "model"), (4, "model")], rep
+
+
+def test_bad_flags_are_refused_before_anything_runs(agent: Recorded, tmp_path: Path) -> None:
+    for flags in (["--build", "--lenient"], ["--compare-output"], ["--env", "X=1"],
+                  ["--build", "--env", "NOEQUALS"]):
+        p = subprocess.run([*CLI, "replay", *flags, str(agent.steno)], cwd=tmp_path,
+                           capture_output=True, timeout=60, env=_env())
+        err = p.stderr.decode().strip().splitlines()
+        assert p.returncode == 2 and len(err) == 1 and err[0].startswith("stenograph: error:"), \
+            (flags, err)
