@@ -613,17 +613,28 @@ static long sys_ret(long r) {
     return r;
 }
 
+/* Only a call that can block hands the baton on. One that cannot (a non-blocking socket,
+ * MSG_DONTWAIT) keeps it: released, whether it found data or EAGAIN would depend on
+ * whether another thread's write came first -- asyncio's self-pipe drain loops on recv
+ * until EAGAIN, so the number of its recvs was timing -- and nothing tapes that. */
+static int may_block(int fd, int flags) {
+    if (flags & MSG_DONTWAIT) return 0;
+    long fl = RS2(SYS_fcntl, fd, F_GETFL);
+    return is_err(fl) || !(fl & O_NONBLOCK);
+}
+
 EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *sa,
                         socklen_t *sl) {
-    return GATED(OP_SCHED_IO, 1, sys_ret(RS6(SYS_recvfrom, fd, buf, n, flags, sa, sl)));
+    return GATED(OP_SCHED_IO, may_block(fd, flags),
+                 sys_ret(RS6(SYS_recvfrom, fd, buf, n, flags, sa, sl)));
 }
 EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags) {
     return recvfrom(fd, buf, n, flags, NULL, NULL);
 }
 EXPORT ssize_t recvmsg(int fd, struct msghdr *mh, int flags) {
-    return GATED(OP_SCHED_IO, 1, sys_ret(RS3(SYS_recvmsg, fd, mh, flags)));
+    return GATED(OP_SCHED_IO, may_block(fd, flags), sys_ret(RS3(SYS_recvmsg, fd, mh, flags)));
 }
 EXPORT int accept4(int fd, struct sockaddr *sa, socklen_t *sl, int flags) {
-    return (int)GATED(OP_SCHED_IO, 1, sys_ret(RS4(SYS_accept4, fd, sa, sl, flags)));
+    return (int)GATED(OP_SCHED_IO, may_block(fd, 0), sys_ret(RS4(SYS_accept4, fd, sa, sl, flags)));
 }
 EXPORT int accept(int fd, struct sockaddr *sa, socklen_t *sl) { return accept4(fd, sa, sl, 0); }
