@@ -20,7 +20,7 @@ demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff check src tests bench examples golden_logs
 	$(BIN)/pytest
 
 bench: $(STAMP)
@@ -34,6 +34,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/redact.py
 	$(BIN)/python bench/workspace.py
 	$(BIN)/pip install -q 'dbos>=3.4,<4' && $(BIN)/python bench/effects.py
+	$(BIN)/python bench/resume.py
+	$(BIN)/python bench/build_replay.py
 
 soak: $(STAMP)
 	STENO_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q tests/test_fuzz_readers.py
@@ -43,7 +45,7 @@ soak: $(STAMP)
 	STENO_CRASH_TRIALS=1000 $(BIN)/pytest -q tests/test_resume.py -k crash_anywhere
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff check src tests bench examples golden_logs
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info demo-out

@@ -16,8 +16,9 @@ the uncompressed log.
 
 A log that was recorded by another log format or shim protocol than this build's is
 not overwritten: it is kept as <name>.f<FORMAT>-p<PROTOCOL>.steno.xz, marked
-"superseded" in the manifest (the tests still read and verify it; they build-replay
-only current logs). See golden_logs/README.md for when to re-record.
+"superseded" in the manifest (the tests still read it, verify it and build-replay it
+to a report; only a current log must match). See golden_logs/README.md for when to
+re-record: a deliberate change to what an example sends, not a new format or protocol.
 
 Needs root (like a sealed replay): each recording runs in a private mount namespace
 with a fresh /tmp and /var/tmp, so that the log holds neither this machine's /tmp
@@ -241,23 +242,7 @@ def run_started(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return tf.header, started
 
 
-def log_bytes(entry: dict[str, Any], root: Path = HERE) -> bytes:
-    """The uncompressed bytes of a manifest entry's log."""
-    data = (root / entry["log"]).read_bytes()
-    return lzma.decompress(data) if entry["log"].endswith(".xz") else data
-
-
-def ensure_ws_parent() -> None:
-    """Make WS_ROOT (empty) if it is missing. A stenograph bug makes this necessary: a
-    sealed replay whose recorded workspace's nearest existing ancestor is /tmp itself
-    fails ("cannot seal the replay...": the workspace overlay on /tmp has a layer inside
-    /tmp, ELOOP); with WS_ROOT present the overlay goes on WS_ROOT and works.
-    tests/test_golden.py keeps the bug visible (strict xfail)."""
-    os.makedirs(WS_ROOT, exist_ok=True)
-
-
 def build_replay(log: Path, cmd: list[str]) -> tuple[int, dict[str, Any], str]:
-    ensure_ws_parent()
     p = subprocess.run([sys.executable, "-m", "stenograph", "replay", "--build", str(log),
                         "--json", "--", *cmd], capture_output=True, text=True, timeout=300,
                        stdin=subprocess.DEVNULL)
@@ -310,6 +295,7 @@ def record_one(spec: Spec, doc: dict[str, Any], say: Callable[[str], None]) -> N
 
     raw = HERE / f".{spec.name}.recording.steno"
     raw.unlink(missing_ok=True)
+    shutil.rmtree(HERE / f".{raw.name}.rec", ignore_errors=True)  # an interrupted one's
     say(f"{spec.name}: recording {spec.example} in {spec.workspace}")
     with services(spec) as svc_env:
         env = clean_env(svc_env)
@@ -376,8 +362,10 @@ def record_one(spec: Spec, doc: dict[str, Any], say: Callable[[str], None]) -> N
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="golden_logs/record.py",
-        description=__doc__.split("\n\n")[0].replace("\n", " "),
-        epilog="Logs: " + "; ".join(f"{s.name} ({s.example}): {s.about}" for s in SPECS),
+        usage="%(prog)s [NAME...]\n       %(prog)s --fresh-tmp -- CMD...",
+        description=__doc__,
+        epilog="the logs:\n" + "\n".join(f"  {s.name:16} {s.example}: {s.about}"
+                                          for s in SPECS),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("names", nargs="*", metavar="NAME",
                     help="re-record only these logs (default: all)")

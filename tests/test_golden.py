@@ -1,17 +1,35 @@
-"""Logs written by earlier builds (golden_logs/) must still read back exactly."""
+"""Logs written by earlier builds (golden_logs/) must still read back exactly, and the
+recordings of the examples (golden_logs/MANIFEST.json, written by golden_logs/record.py)
+must build-replay against the current code: the examples must still send what they
+sent when they were recorded."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import lzma
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from stenograph.interpose.shim import PROTOCOL
 from stenograph.recorder.blobs import BlobRef, BlobStore
+from stenograph.recorder.kinds import FORMAT_VERSION
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.store import Store
 from stenograph.recorder.trajfile import read_trajectory
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden_logs"
+REPO = GOLDEN.parent
+CLI = [sys.executable, "-m", "stenograph"]
+MANIFEST = json.loads((GOLDEN / "MANIFEST.json").read_text())
+LOGS: list[dict[str, Any]] = MANIFEST["logs"]
+CURRENT = [e for e in LOGS if not e.get("superseded")]
+WS_ROOT = "/tmp/steno-golden"
 
 
 def test_every_format_version_has_golden_files() -> None:
@@ -49,3 +67,118 @@ def test_v1_store_is_appendable_by_this_build(tmp_path: Path) -> None:
     evs = list(StoreReader(copy).events(traj="run-a"))
     assert evs[-1].lsn == lsn == 19
     assert evs[-1].prev == evs[-2].lsn
+
+
+# -- the recordings of the examples: build replay against the current code -----------
+
+def _name(entry: dict[str, Any]) -> str:
+    return str(entry["log"]).removesuffix(".xz")
+
+
+def _unpack(entry: dict[str, Any], into: Path) -> Path:
+    """The entry's log, uncompressed into ``into``, checked against the manifest."""
+    data = (GOLDEN / entry["log"]).read_bytes()
+    if entry["log"].endswith(".xz"):
+        data = lzma.decompress(data)
+    assert hashlib.sha256(data).hexdigest() == entry["sha256"], "log differs from MANIFEST"
+    out = into / _name(entry)
+    out.write_bytes(data)
+    return out
+
+
+def _cmd(entry: dict[str, Any]) -> list[str]:
+    return [a.replace("{python}", sys.executable).replace("{repo}", str(REPO))
+            for a in entry["cmd"]]
+
+
+def _build_replay(log: Path, cmd: list[str]) -> tuple[int, dict[str, Any], str]:
+    p = subprocess.run([*CLI, "replay", "--build", str(log), "--json", "--", *cmd],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    lines = p.stdout.strip().splitlines()
+    assert lines, f"no report (exit {p.returncode}): {p.stderr[-3000:]}"
+    return p.returncode, json.loads(lines[-1]), p.stderr
+
+
+def test_the_manifest_names_every_golden_log_and_the_examples_exist() -> None:
+    names = sorted(p.name for p in GOLDEN.iterdir()
+                   if p.name.endswith((".steno", ".steno.xz")))
+    assert names == sorted(e["log"] for e in LOGS)
+    assert {e["name"] for e in CURRENT} >= {"openai_agent", "anthropic_agent",
+                                             "effect_agent", "pipeline"}
+    for e in CURRENT:
+        assert (REPO / e["example"]).is_file(), e["example"]
+        assert f"{{repo}}/{e['example']}" in e["cmd"]
+        assert e["workspace"].startswith(WS_ROOT + "/")
+        assert (GOLDEN / e["log"]).stat().st_size < 1 << 20
+
+
+@pytest.mark.parametrize("entry", LOGS, ids=_name)
+def test_a_golden_log_reads_and_verifies(entry: dict[str, Any], tmp_path: Path) -> None:
+    """Every golden log, superseded ones too: this build reads it, `log verify` passes,
+    its versions are the manifest's; a superseded one (kept when its example was
+    re-recorded by a later format or protocol) still goes through a build replay to a
+    report, matching or not."""
+    log = _unpack(entry, tmp_path)
+    tf = read_trajectory(log)
+    started = next(e.body for e in tf.events if e.kind == "RunStarted")
+    assert any(e.kind == "RunEnded" for e in tf.events)
+    assert started["shim"] == entry["shim"]
+    assert str(started["shim"]).partition("/")[0] == str(entry["protocol"])
+    assert started["stenograph"] == entry["stenograph"]
+    assert tf.header["format"] == entry["format"] <= FORMAT_VERSION
+    assert started["cwd"] == entry["workspace"]
+    v = subprocess.run([*CLI, "log", "verify", str(log)], capture_output=True, text=True,
+                       timeout=60)
+    assert v.returncode == 0, v.stdout + v.stderr
+    if entry.get("superseded"):
+        rc, rep, err = _build_replay(log, _cmd(entry))
+        assert rc in (0, 1) and rep["mode"] == "build", err[-3000:]
+
+
+@pytest.mark.parametrize("entry", CURRENT, ids=_name)
+def test_a_golden_log_build_replays_against_the_current_code(
+        entry: dict[str, Any], tmp_path: Path) -> None:
+    """Model requests, tool calls, effects and the exit status as recorded (a log of an
+    older shim protocol too: its C tape is then all live, and a note says so)."""
+    log = _unpack(entry, tmp_path)
+    rc, rep, err = _build_replay(log, _cmd(entry))
+    assert rep["divergences"] == [], json.dumps(rep["divergences"], indent=1)[:4000]
+    assert rc == 0, err[-3000:]
+    assert rep["exit_status"] == {"recorded": 0, "replayed": 0}
+    if entry["protocol"] != PROTOCOL:
+        assert "shim protocol" in " ".join(rep.get("notes") or []), rep
+
+
+def test_a_changed_agent_fails_the_build_replay_at_turn_2(tmp_path: Path) -> None:
+    """The suite can fail: examples/agent.py with its tool output cut to 20 characters
+    asks the model something else at turn 2 (the first tool result goes back in it)."""
+    (entry,) = [e for e in CURRENT if e["name"] == "openai_agent"]
+    src = (REPO / "examples" / "agent.py").read_text()
+    assert "\nMAX_OUTPUT = 4000\n" in src
+    changed = tmp_path / "changed" / "agent.py"
+    changed.parent.mkdir()
+    changed.write_text(src.replace("\nMAX_OUTPUT = 4000\n", "\nMAX_OUTPUT = 20\n"))
+    cmd = [str(changed) if a == str(REPO / "examples" / "agent.py") else a
+           for a in _cmd(entry)]
+    assert str(changed) in cmd
+    rc, rep, err = _build_replay(_unpack(entry, tmp_path), cmd)
+    assert rc == 1, err[-3000:]
+    first = rep["divergences"][0]
+    assert (first["turn"], first["channel"], first["kind"]) == (2, "model", "changed"), first
+    assert any("messages" in str(d["path"]) for d in first["diff"]), first["diff"]
+
+
+@pytest.mark.parametrize("entry", CURRENT, ids=_name)
+def test_a_golden_log_build_replays_on_a_machine_that_never_recorded(
+        entry: dict[str, Any], tmp_path: Path) -> None:
+    """No /tmp/steno-golden: the build replay runs with a fresh /tmp (record.py
+    --fresh-tmp), as on a CI machine that never recorded; the sealed replay should
+    recreate the workspace from the log's snapshot."""
+    log = _unpack(entry, tmp_path)
+    wrap = [sys.executable, str(GOLDEN / "record.py"), "--fresh-tmp", "--"]
+    p = subprocess.run([*wrap, *CLI, "replay", "--build", str(log), "--json", "--",
+                        *_cmd(entry)], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    assert "record.py" not in p.stderr and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1])["divergences"] == []

@@ -423,11 +423,13 @@ def _register_optional() -> None:
         return
     main.add_command(record)
     main.add_command(replay)
+    from stenograph.cli_bisect import bisect
     from stenograph.cli_checkpoint import checkpoint
     from stenograph.cli_regress import regress
     from stenograph.cli_resume import resume
     from stenograph.cli_status import approve, deliver, deny, settle, status
 
+    main.add_command(bisect)
     main.add_command(checkpoint)
     main.add_command(resume)
     main.add_command(regress)

@@ -277,9 +277,10 @@ def _libc() -> Any:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
-def _seal_preexec(seal: Seal, roots: Sequence[str]) -> Any:
+def _seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
     """The function the replay's child runs before exec: everything it needs is resolved
-    here, in the parent."""
+    here, in the parent. What went wrong, if anything, is written to the fd ``why`` (the
+    subprocess module reports only that the function failed)."""
     libc = _libc()
     unshare, mount = libc.unshare, libc.mount
     unshare.argtypes = [ctypes.c_int]
@@ -330,6 +331,8 @@ def _seal_preexec(seal: Seal, roots: Sequence[str]) -> Any:
             work = f"{base}/.work-{m.name}" if kfd is not None else f"{base}/wsw{i}"
             os.mkdir(upper)
             os.mkdir(work)
+            if m.create:  # inside a temporary root, whose overlay is scratch by now
+                os.makedirs(m.target, exist_ok=True)
             st = os.stat(f"/proc/self/fd/{ws_fds[i][0]}")
             os.chmod(upper, st.st_mode & 0o7777)
             os.chown(upper, st.st_uid, st.st_gid)
@@ -364,7 +367,14 @@ def _seal_preexec(seal: Seal, roots: Sequence[str]) -> Any:
             os.close(fd)
         os.chdir(seal.cwd or os.getcwd())  # through the new mounts
 
-    return run
+    def guarded() -> None:
+        try:
+            run()
+        except BaseException as exc:
+            os.write(why, str(exc).encode(errors="replace")[:1000])
+            raise
+
+    return guarded
 
 
 STENO_ENV_BYTES = 4096
@@ -413,7 +423,8 @@ def run_under_shim(
     hash too (``OutputDigest``)."""
     prog = resolve_program(argv, env)
     check_dynamic(prog)
-    preexec = _seal_preexec(seal, seal_roots(env)) if seal is not None else None
+    why_r, why_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    preexec = _seal_preexec(seal, seal_roots(env), why_w) if seal is not None else None
     try:
         with _aslr_off_for_children() if aslr_off else contextlib.nullcontext():
             proc = subprocess.Popen(
@@ -423,12 +434,22 @@ def run_under_shim(
                 preexec_fn=preexec,
             )
     except subprocess.SubprocessError:
-        raise SealUnavailable(
-            "cannot seal the replay in a private mount namespace (needs root or user "
-            "namespaces); rerun with --unsealed to replay against the live /tmp",
-        ) from None
+        try:
+            why = os.read(why_r, 1000).decode(errors="replace")
+        except OSError:
+            why = ""
+        if "Operation not permitted" in why or not why:
+            raise SealUnavailable(
+                "cannot seal the replay in a private mount namespace (needs root or user "
+                "namespaces); rerun with --unsealed to replay against the live /tmp",
+            ) from None
+        raise SealUnavailable(f"cannot seal the replay: {why}; rerun with --unsealed to "
+                              "replay against the live files") from None
     except OSError as exc:
         raise BadInput(f"cannot run command: {exc.strerror}", argv[0]) from None
+    finally:
+        os.close(why_r)
+        os.close(why_w)
     if started is not None:
         started(proc)
     out_h = OutputDigest(cut[0] if cut else None)

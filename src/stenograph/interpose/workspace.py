@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,14 @@ class WorkspaceMount:
     binds: tuple[str, ...] = ()
     """Live directories the rules leave out (a virtualenv, caches), bound back over the
     overlay: reached at full speed, not through overlayfs' lookups."""
+    create: bool = False
+    """``target`` does not exist here and lies in a temporary directory the seal makes
+    scratch: it is made there (never on the real disk) before the overlay goes on it."""
+
+
+TEMP_ROOTS = ("/tmp", "/var/tmp")
+"""Directories every sealed replay overlays with scratch (``launch.seal_roots`` adds
+``$TMPDIR``)."""
 
 
 def start_snapshot(events: Sequence[Any]) -> BlobRef | None:
@@ -133,6 +142,14 @@ def prepare(manifest: Manifest, blobs: Any, rules: Mapping[str, IgnoreRules],
             anc = root
             while not os.path.isdir(anc):
                 anc = os.path.dirname(anc)
+            temps = {*TEMP_ROOTS, os.path.realpath(tempfile.gettempdir())}
+            if any(anc == t or anc.startswith(t + "/") for t in temps):
+                # an overlay on /tmp itself would have the tape (in /tmp) inside its own
+                # lower layer, which overlayfs refuses: make the root in the scratch /tmp
+                lower = stage / f"ws{i}"
+                restore_tree(blobs, tree, lower)
+                mounts.append(WorkspaceMount(root, (str(lower),), name, create=True))
+                continue
             rel = os.path.relpath(root, anc)
             wrap = stage / f"ws{i}-wrap"
             restore_tree(blobs, tree, wrap / rel)
