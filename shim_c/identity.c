@@ -78,7 +78,10 @@ static int32_t ident(int op, int32_t live) {
             if (op == OP_GETTID) pid_learn(v, live);
             return v;
         }
-        if (!WENT_LIVE()) return live;
+        /* build replay, a miss: still the recorded numbering, or a program comparing its
+         * pid with one it saw before (asyncio's running loop, os.register_at_fork users)
+         * would find another process */
+        if (!WENT_LIVE()) return g_build ? pid_rec(live) : live;
     }
     live = pid_rec(live); /* gone live after a resumed prefix: the pids it served stay */
     rec(t, CH_IDENTITY, op, &live, 4);

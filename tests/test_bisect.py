@@ -19,11 +19,14 @@ be skipped, not called bad.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,19 +294,53 @@ def test_finds_the_planted_commit_and_leaves_the_checkout_alone(agent_repo: Repo
 
 
 def test_prints_the_commit_and_its_divergence(agent_repo: Repo) -> None:
+    """Adjacent ends: git bisect has nothing left to test once both are judged."""
     r = agent_repo
     before = r.state()
-    p = r.bisect("--good", r.shas[4], "--bad", r.shas[9], "--log", str(r.log),
+    p = r.bisect("--good", r.shas[6], "--bad", r.planted, "--log", str(r.log),
                  "--repo", str(r.path))
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0] == f"first bad commit: {r.planted} {PLANTED}"
     assert lines[1].startswith("  run.steno: turn 2, model: model #1 POST http://127.0.0.1:")
+    assert lines[1].endswith("/v1/chat/completions (changed)")
     assert lines[2] == "    body $.messages[3].content: (first difference at character 200)"
-    assert lines[3].startswith("      recorded ") and lines[3].endswith(f"({len(NOTES)} chars)")
-    assert lines[4].startswith("      asked    ") and lines[4].endswith("(200 chars)")
-    assert " revisions replayed (" in lines[-1] and lines[-1].endswith(" s")
-    assert p.stderr.splitlines()[0].startswith(f"step 1: {r.shas[9][:10]} bad (")
+    assert lines[3].startswith("      recorded ...") and lines[3].endswith(f"({len(NOTES)} chars)")
+    assert lines[4].startswith("      asked    ...") and lines[4].endswith('about " (200 chars)')
+    assert lines[5].startswith("2 revisions replayed (0 by git bisect) in ")
+    assert len(lines) == 6
+    progress = p.stderr.splitlines()
+    assert [ln.split(" (")[0] for ln in progress] == [
+        f"step 1: {r.planted[:10]} bad", f"step 2: {r.shas[6][:10]} good"], p.stderr
+    r.assert_untouched(before, r.shas[-1])
+
+
+def test_ctrl_c_ends_every_process_and_removes_the_clone(agent_repo: Repo) -> None:
+    r = agent_repo
+    before = r.state()
+    scratch = r.tmp / "tmpdir-int"
+    scratch.mkdir()
+    err = r.tmp / "int.err"
+    with open(err, "w") as sink:
+        # a terminal's Ctrl-C: SIGINT to the foreground process group
+        proc = subprocess.Popen([*CLI, "bisect", "--good", r.shas[0], "--bad", r.shas[-1],
+                                 "--log", str(r.log), "--repo", str(r.path)], cwd=r.tmp,
+                                env=_env(TMPDIR=str(scratch)), stdout=subprocess.DEVNULL,
+                                stderr=sink, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while "step 3:" not in err.read_text() and time.monotonic() < deadline:
+                assert proc.poll() is None, err.read_text()
+                time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGINT)  # git bisect run is in step 4 now
+            assert proc.wait(30) == 130
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert err.read_text().splitlines()[-1] == "stenograph: error: aborted"
+    assert list(scratch.iterdir()) == []
+    left = subprocess.run(["pgrep", "-af", str(scratch)], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout
     r.assert_untouched(before, r.shas[-1])
 
 

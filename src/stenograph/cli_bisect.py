@@ -56,7 +56,8 @@ GIT_ENV_DROPPED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIR
 repository than the one named."""
 
 _PYTHON = re.compile(r"^(python|pypy)(\d+(\.\d+)*)?$")
-_PY_OPTS_WITH_ARG = "WXQ"
+_PY_OPTS_WITH_ARG = "WX"
+"""Short options of python that take a value (``-W error``, ``-X dev``)."""
 SKIP, ABORT = 125, 255
 """``git bisect run``: 125 skips a revision; 128 and above stop the bisect (our own bug)."""
 
@@ -69,6 +70,8 @@ class Run:
     argv: list[str]
     cwd: str | None
     pythonpath: str | None
+    path: str | None = None
+    """The recorded ``PATH``: where a bare ``python`` of the command was found."""
     mapped: dict[str, str] = field(default_factory=dict)
     """Repository-relative path -> ``blob`` or ``tree``, for each argument naming a path
     the good or the bad revision tracks."""
@@ -178,10 +181,11 @@ def recorded_run(log: str) -> Run:
         raise BadInput("--log: the recorded run has no command", log)
     cwd = started.get("cwd")
     env = started.get("env") if isinstance(started.get("env"), dict) else {}
-    pp = env.get("PYTHONPATH")
+    pp, bin_path = env.get("PYTHONPATH"), env.get("PATH")
     return Run(log=str(path.resolve()), argv=[str(a) for a in argv],
                cwd=cwd if isinstance(cwd, str) else None,
-               pythonpath=pp if isinstance(pp, str) else None)
+               pythonpath=pp if isinstance(pp, str) else None,
+               path=bin_path if isinstance(bin_path, str) else None)
 
 
 def is_python(path: str) -> bool:
@@ -311,11 +315,15 @@ def command(plan: Plan, run: Run, venv_python: str | None) -> tuple[list[str], d
     return argv, env
 
 
-def base_interpreter(argv: Sequence[str], env_path: str | None) -> str:
-    """The interpreter the private venv is made from: the recorded one (``argv[0]``, or
-    the interpreter of a console script's ``#!`` line), so the venv sees the packages
-    the agent ran with; else the one running stenograph."""
-    exe = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env_path)
+def base_interpreter(argv: Sequence[str], run: Run) -> str:
+    """The interpreter the private venv is made from: the recorded one (``argv[0]`` as
+    the recorded run found it, or the interpreter of a console script's ``#!`` line), so
+    the venv sees the packages the agent ran with; else the one running stenograph."""
+    exe: str | None = argv[0]
+    if "/" not in argv[0]:
+        exe = shutil.which(argv[0], path=run.path)
+    elif not os.path.isabs(argv[0]) and run.cwd:
+        exe = os.path.join(run.cwd, argv[0])
     if exe and is_python(exe) and os.access(exe, os.X_OK):
         return exe
     if exe and os.path.isfile(exe):
@@ -324,7 +332,7 @@ def base_interpreter(argv: Sequence[str], env_path: str | None) -> str:
             if line.startswith(b"#!"):
                 parts = line[2:].decode(errors="replace").split()
                 if parts and os.path.basename(parts[0]) == "env" and len(parts) > 1:
-                    parts = [shutil.which(parts[1], path=env_path) or parts[1]]
+                    parts = [shutil.which(parts[1], path=run.path) or parts[1]]
                 if parts and is_python(parts[0]) and os.access(parts[0], os.X_OK):
                     return parts[0]
     return sys.executable
@@ -686,13 +694,12 @@ def bisect(good: str, bad: str, logs: tuple[str, ...], repo: str, as_json: bool,
             click.echo(f"stenograph: note: {os.path.basename(run.log)} was recorded in "
                        f"{run.cwd}, outside {top}, and its command names no file of the "
                        "repository: only PYTHONPATH points it at each revision", err=True)
-    first_argv = list(cmd) or runs[0].argv
     with _term_as_interrupt():
         tmp = tempfile.mkdtemp(prefix="steno-bisect-")
         try:
             plan = Plan(repo=top, work=os.path.join(tmp, "src"), tmp=tmp, runs=runs,
                         cmd=list(cmd) or None, timeout=timeout,
-                        base_python=base_interpreter(first_argv, os.environ.get("PATH")))
+                        base_python=base_interpreter(list(cmd) or runs[0].argv, runs[0]))
             out = _run(plan, good_sha, bad_sha)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
