@@ -632,7 +632,7 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
     if old_tape and not build:
         raise BadInput(f"recorded with shim protocol {recorded}; this stenograph speaks "
                        f"{PROTOCOL} (a build replay, --build, still reads it)", file)
-    argv = list(cmd) or [str(a) for a in started["argv"]]
+    argv = _here(list(cmd), started.get("cwd")) or [str(a) for a in started["argv"]]
     tape = Path(keep_tape) if keep_tape else Path(tempfile.mkdtemp(prefix="steno-tape-"))
     try:
         if keep_tape:
@@ -667,7 +667,7 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         snap = start_snapshot(events)
         if snap is not None and not unsealed:
             blob_map = MapBlobs(blobs)
-            named = [a for a in cmd if os.path.exists(a)] if cmd else []
+            named = [a for a in argv if os.path.exists(a)] if cmd else []
             manifest = load_manifest(blob_map, snap)
             if build and code_globs != ("none",):
                 named += buildreplay.code_paths(
@@ -724,6 +724,20 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         if not as_json:
             raise ReplayDiverged(f"replay is not bit-identical ({different} differ)", file)
         sys.exit(ReplayDiverged.exit_code)
+
+
+def _here(cmd: list[str], recorded_cwd: Any) -> list[str]:
+    """A command typed here runs in the recorded working directory: if that is not this
+    one, its relative paths that name files here (the program, a script) are made
+    absolute first."""
+    if not isinstance(recorded_cwd, str) or os.path.realpath(recorded_cwd) == os.getcwd():
+        return cmd
+    out = []
+    for i, a in enumerate(cmd):
+        if not os.path.isabs(a) and ((i == 0 and "/" in a) or i > 0) and os.path.isfile(a):
+            a = os.path.abspath(a)
+        out.append(a)
+    return out
 
 
 def _killed_by(ended: dict[str, Any]) -> int | None:

@@ -192,18 +192,50 @@ def mask(text: str, inc: Incidentals, *, recorded: bool) -> tuple[str, int]:
     return "".join(out), n
 
 
-def masked_key(method: str, url: str, body: bytes, inc: Incidentals, *,
-               recorded: bool) -> str:
-    """A request as build replay compares it: method, canonical URL and body, masked."""
+def _pieces(text: str) -> list[tuple[str, str]]:
+    """``text`` as alternating ("", literal) and (kind, token) pieces."""
+    out: list[tuple[str, str]] = []
+    at = 0
+    for m in _TOKENS.finditer(text):
+        out.append(("", text[at:m.start()]))
+        out.append((m.lastgroup or "", m.group()))
+        at = m.end()
+    out.append(("", text[at:]))
+    return out
+
+
+def differences(recorded: str, asked: str, inc: Incidentals) -> int | None:
+    """How many tokens of ``asked`` are the build's own incidental values in place of
+    the recorded run's, if that is the only way the two differ; else None. Tokens are
+    compared in place: the text between them must be equal, and a token that differs
+    must be, in the recorded request, a value the recorded run read and, in the new one,
+    a plausible value of the same kind and format."""
+    if recorded == asked:
+        return 0
+    a, b = _pieces(recorded), _pieces(asked)
+    if len(a) != len(b):
+        return None
+    n = 0
+    for (ka, ta), (kb, tb) in zip(a, b, strict=True):
+        if ta == tb:
+            continue
+        if not ka or ka != kb or not _recorded_token(ka, ta, inc) \
+                or not _new_token(kb, tb, inc):
+            return None
+        n += 1
+    return n
+
+
+def request_text(method: str, url: str, body: bytes) -> str:
+    """A request as build replay compares it: method, canonical URL and body."""
     from stenograph.interpose.fingerprint import canonical_body, canonical_url
 
-    text = "\0".join([method.upper(), canonical_url(url),
+    return "\0".join([method.upper(), canonical_url(url),
                       canonical_body(body).decode("utf-8", "replace")])
-    return mask(text, inc, recorded=recorded)[0]
 
 
 def incidental_only(recorded: object, asked: object, inc: Incidentals) -> bool:
     """Do two values differ only by incidental values (so a diff need not show them)?"""
     if not isinstance(recorded, str) or not isinstance(asked, str) or recorded == asked:
         return False
-    return mask(recorded, inc, recorded=True)[0] == mask(asked, inc, recorded=False)[0]
+    return bool(differences(recorded, asked, inc))

@@ -51,7 +51,12 @@ import msgpack
 
 from stenograph.interpose import gcpoints, resume_plan, stoppoint
 from stenograph.interpose.fingerprint import distance, json_diff, request_diff
-from stenograph.interpose.incidental import Incidentals, incidental_only, masked_key
+from stenograph.interpose.incidental import (
+    Incidentals,
+    differences,
+    incidental_only,
+    request_text,
+)
 from stenograph.interpose.redact import RedactionRules
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.exchanges import is_lost_body
@@ -191,7 +196,7 @@ class PyTape:
         self.build = mode == "replay" and getenv("STENO_BUILD") == "1"
         """``replay --build``: requests match with their incidental values masked."""
         self._incidentals: Incidentals | None = None
-        self._masked: dict[tuple[str, int], str] = {}
+        self._texts: dict[tuple[str, int], str] = {}
         self._turns = 0
         self._settle: resume_plan.Settlement | None = None
         os.register_at_fork(after_in_child=self._after_fork)
@@ -471,15 +476,13 @@ class PyTape:
         if self._incidentals is None:
             self._incidentals = Incidentals.from_tape(self._tape_dir)
         inc = self._incidentals
-        key = masked_key(request["method"], request["url"], request["body"], inc,
-                         recorded=False)
+        asked = request_text(request["method"], request["url"], request["body"])
         for i in free:
             k = (channel, i)
-            if k not in self._masked:
+            if k not in self._texts:
                 rec = self._req_of(stream[i])
-                self._masked[k] = masked_key(rec["method"], rec["url"], rec["body"], inc,
-                                             recorded=True)
-            if self._masked[k] == key:
+                self._texts[k] = request_text(rec["method"], rec["url"], rec["body"])
+            if differences(self._texts[k], asked, inc):
                 self._note("build-masked.jsonl", {"channel": channel,
                                                   "pos": stream[i].get("pos")})
                 return i
