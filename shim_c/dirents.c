@@ -148,6 +148,35 @@ static void drift_report(tls_t *t, const char *path) {
     append_report(line, (size_t)(p - line));
 }
 
+/* Build replay: is the recorded listing (count entries at q) the live one? A directory
+ * of the build's code lists what the build has (a new module must be found); one of the
+ * recorded workspace lists as recorded anyway. The live stream is rewound after. */
+static int listing_same(DIR *live, int32_t err, const unsigned char *q, uint32_t count) {
+    if ((err != 0) != (live == NULL)) return 0;
+    if (!live) return 1;
+    uint64_t lsum = 0, lxor = 0, rsum = 0, rxor = 0;
+    uint32_t lcount = 0;
+    struct dirent64 *e;
+    while ((e = real_readdir64(live)) != NULL) {
+        uint64_t h = name_hash(e->d_name);
+        lsum += h; lxor ^= h * 0x9e3779b97f4a7c15ULL; lcount++;
+    }
+    RESOLVE(rewinddir);
+    real_rewinddir(live);
+    char name[256];
+    for (uint32_t i = 0; i < count; i++) {
+        uint16_t nl;
+        memcpy(&nl, q + 9, 2);
+        uint16_t k = nl < 255 ? nl : 255;
+        memcpy(name, q + DENT_HEAD, k);
+        name[k] = 0;
+        uint64_t h = name_hash(name);
+        rsum += h; rxor ^= h * 0x9e3779b97f4a7c15ULL;
+        q += DENT_HEAD + nl;
+    }
+    return lcount == count && lsum == rsum && lxor == rxor;
+}
+
 /* Replay: check path, serve the recorded listing, report a different live one as drift. */
 static DIR *listing_replay(tls_t *t, const char *path, DIR *live, int live_err) {
     unsigned char args[2 + 1024];
@@ -160,6 +189,10 @@ static DIR *listing_replay(tls_t *t, const char *path, DIR *live, int live_err) 
     const unsigned char *q = p + 2 + pl;
     int32_t err; uint32_t count;
     memcpy(&err, q, 4); memcpy(&count, q + 4, 4); q += 8;
+    if (UNLIKELY(g_build) && !listing_same(live, err, q, count)) {
+        build_miss(CH_DIRENTS);
+        return (DIR *)-1; /* the caller lists it live */
+    }
     if (err) {
         if (live) real_closedir(live);
         errno = err;
@@ -188,8 +221,8 @@ static DIR *listing_replay(tls_t *t, const char *path, DIR *live, int live_err) 
     }
     /* compare with the live listing: the set of names, by count and an order-independent
      * digest (no copy, no sort); STENO_DRIFT=0 skips reading the live directory */
-    int drift = live == NULL;
-    if (live && g_drift) {
+    int drift = live == NULL && !g_build;
+    if (live && g_drift && !g_build) {
         uint64_t lsum = 0, lxor = 0, rsum = 0, rxor = 0;
         uint32_t lcount = 0;
         struct dirent64 *e;

@@ -187,7 +187,8 @@ static int meta_call(int op, int dirfd, const char *path, void *buf, int flags, 
         rec2(t, CH_META, op, a, argn, out, on);
         return (int)sys_ret_l(is_err(r) ? r : 0);
     }
-    if (UNLIKELY(g_offtape) || (UNLIKELY(edited()) && meta_other_path(t, op, a, hdr, argn)))
+    if (UNLIKELY(g_offtape) ||
+        (UNLIKELY(edited()) && !g_build && meta_other_path(t, op, a, hdr, argn)))
         return (int)sys_ret_l(meta_live(op, dirfd, path, buf, flags, mask));
     uint32_t n;
     t_soft = 1; /* a divergence here is reported; the process goes on, metadata live */

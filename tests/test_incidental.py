@@ -26,6 +26,8 @@ RENDER = [
     lambda t: str(int(t)),
     lambda t: str(int(t * 1000)),
     lambda t: datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d"),
+    lambda t: datetime.fromtimestamp(t, UTC).strftime("observed %H:%M:%S UTC"),
+    lambda t: datetime.fromtimestamp(t).strftime("%H:%M:%S"),
 ]
 formats = st.sampled_from(range(len(RENDER)))
 prose = st.text(alphabet="abcdefghij ,.:;!?()[]{}\"'\n", max_size=60)

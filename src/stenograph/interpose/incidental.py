@@ -8,7 +8,8 @@ values *masked*, and only those that provably came from the tape:
 * In the **recorded** request, a token is masked only if it is the rendering of a value
   the recorded run read from an incidental channel: a date or time (ISO 8601, ctime,
   RFC 2822, epoch seconds or milliseconds) within a second of a wall-clock value on the
-  recording's clock streams (a naive time: in any UTC offset), a uuid whose random part,
+  recording's clock streams (a naive time: in any UTC offset; a bare ``HH:MM:SS``: that
+  time of day in UTC or this machine's offset), a uuid whose random part,
   or a hex string whose bytes, appear in the recording's entropy streams, a version-1
   uuid whose timestamp is such a time.
 * In the **new** request, a token of the same kind is masked when it is plausible for the
@@ -26,6 +27,7 @@ from __future__ import annotations
 import bisect
 import re
 import struct
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,6 +56,7 @@ _TOKENS = re.compile(
     rf"|(?P<epoch_ms>{_D}1\d{{12}}{_ND})"
     rf"|(?P<epoch>{_D}1\d{{9}}(?:\.\d{{1,9}})?{_ND})"
     rf"|(?P<hex>{_H}[0-9a-fA-F]{{16,}}{_NH})"
+    r"|(?P<tod>(?<![\d:])(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?![\d:]))"
 )
 
 
@@ -140,6 +143,23 @@ def _interval(kind: str, text: str) -> tuple[float, float] | None:
     return lo - 1, hi
 
 
+def _tod(text: str) -> float:
+    h, m, rest = text.split(":")
+    return int(h) * 3600 + int(m) * 60 + float(rest)
+
+
+def _read_tod(secs: float, inc: Incidentals) -> bool:
+    """Did the run read a wall-clock value with this time of day (UTC, or this machine's
+    offset), to the second?"""
+    offsets = {0, time.localtime().tm_gmtoff}
+    for t in inc.times:
+        for off in offsets:
+            d = abs((t + off) % 86400 - secs)
+            if min(d, 86400 - d) <= 1.0:
+                return True
+    return False
+
+
 def _uuid1_time(text: str) -> float | None:
     u = uuid.UUID(text)
     if u.version != 1:
@@ -157,6 +177,8 @@ def _recorded_token(kind: str, text: str, inc: Incidentals) -> bool:
     if kind == "hex":
         raw = bytes.fromhex(text[: len(text) // 2 * 2])
         return raw[:8] in inc.entropy
+    if kind == "tod":
+        return _read_tod(_tod(text), inc)
     span = _interval(kind, text)
     return span is not None and inc.read_time(*span)
 
@@ -166,14 +188,14 @@ def _new_token(kind: str, text: str, inc: Incidentals) -> bool:
     if kind == "uuid":
         t = _uuid1_time(text)
         return t is None or inc.near(t, t)
-    if kind == "hex":
+    if kind in ("hex", "tod"):
         return True
     span = _interval(kind, text)
     return span is not None and inc.near(*span)
 
 
 _KIND_OF = {"iso": "time", "rfc": "time", "ctime": "time", "epoch": "time",
-            "epoch_ms": "time", "uuid": "uuid", "hex": "hex"}
+            "epoch_ms": "time", "uuid": "uuid", "hex": "hex", "tod": "time"}
 
 
 def mask(text: str, inc: Incidentals, *, recorded: bool) -> tuple[str, int]:

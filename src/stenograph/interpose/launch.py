@@ -25,6 +25,7 @@ import hashlib
 import mmap
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -405,6 +406,34 @@ def pad_steno_env(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every descendant (a replayed program swallows a live SIGINT:
+    under the tape signals arrive where the recording had them)."""
+    kids = _children()
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo.extend(kids.get(p, []))
+    for p in seen:
+        with contextlib.suppress(OSError):
+            os.kill(p, signal.SIGKILL)
+
+
 def run_under_shim(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -467,7 +496,12 @@ def run_under_shim(
     ]
     for t in pumps:
         t.start()
-    status = proc.wait()
+    try:
+        status = proc.wait()
+    except BaseException:  # Ctrl-C, a timeout: the tree must not outlive its tape
+        kill_tree(proc.pid)
+        proc.wait()
+        raise
     for t in pumps:
         t.join()
     return RunResult(
