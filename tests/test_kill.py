@@ -45,7 +45,7 @@ for i in range(150):
 q.put(None)
 t.join()
 """
-TRIALS = 30
+TRIALS = 20
 
 
 def _env() -> dict[str, str]:

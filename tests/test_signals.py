@@ -18,7 +18,7 @@ import pytest
 
 PY = os.path.realpath(sys.executable)
 CLI = [sys.executable, "-m", "stenograph"]
-RECORDINGS = 3
+RECORDINGS = 2
 REPLAYS = 4
 
 
