@@ -36,7 +36,7 @@ bench: $(STAMP)
 	$(BIN)/pip install -q 'dbos>=3.4,<4' && $(BIN)/python bench/effects.py
 	$(BIN)/python bench/resume.py
 	$(BIN)/python bench/build_replay.py
-	$(BIN)/python bench/bisect.py
+	$(BIN)/python bench/bisect_run.py
 
 soak: $(STAMP)
 	STENO_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q tests/test_fuzz_readers.py

@@ -11,67 +11,12 @@ fails as unrecorded; a missing one as missing.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from stenograph.testing.model_server import ModelServer
-
-REPO = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "stenograph"]
-SCRIPT = json.loads((REPO / "examples" / "agent_script.json").read_text())
-PROMPT = '"You are a careful agent. Use the tools, then answer."'
-STAMPED = ('f"You are a careful agent. Use the tools, then answer. '
-           'Now: {datetime.now(UTC).isoformat()}; run {uuid.uuid4()}."')
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "STENO_"))}
-    env.update(extra)
-    return env
-
-
-def _base_agent() -> str:
-    src = (REPO / "examples" / "agent.py").read_text()
-    assert PROMPT in src
-    return src.replace(PROMPT, STAMPED)
-
-
-class Recorded:
-    def __init__(self, ws: Path, steno: Path, source: str) -> None:
-        self.ws, self.steno, self.source = ws, steno, source
-
-    def write(self, source: str) -> None:
-        (self.ws / "agent.py").write_text(source)
-
-    def replay(self, *flags: str) -> tuple[int, dict]:
-        p = subprocess.run([*CLI, "replay", *flags, "--json", str(self.steno)], cwd=self.ws,
-                           capture_output=True, timeout=180, env=_env())
-        lines = p.stdout.decode().strip().splitlines()
-        assert lines, p.stderr.decode(errors="replace")[-3000:]
-        return p.returncode, json.loads(lines[-1])
-
-
-def record_agent(root: Path, name: str = "run") -> Recorded:
-    ws = root / name
-    ws.mkdir(parents=True)
-    shutil.copy(REPO / "examples" / "agent_script.json", ws)
-    source = _base_agent()
-    (ws / "agent.py").write_text(source)
-    steno = root / f"{name}.steno"
-    with ModelServer(script=SCRIPT) as srv:
-        p = subprocess.run([*CLI, "record", "-o", str(steno), "--", sys.executable,
-                            "agent.py", "--workdir", "."], cwd=ws, capture_output=True,
-                           timeout=180, env=_env(OPENAI_BASE_URL=srv.openai_base_url,
-                                                 OPENAI_API_KEY="sk-test-build"))
-    assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
-    return Recorded(ws, steno, source)
+from recorded_agent import CLI, Recorded, clean_env, incidental, record_agent
 
 
 @pytest.fixture(scope="module")
@@ -84,22 +29,6 @@ def rec(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
 def agent(rec: Recorded) -> Iterator[Recorded]:
     yield rec
     rec.write(rec.source)
-
-
-INCIDENTAL = (
-    "import decimal, fractions, random  # a new import: listings and stats it makes\n"
-    "_noise = (time.time(), uuid.uuid4(), os.listdir('.'), random.random(), "
-    "os.urandom(8), time.monotonic())\n"
-)
-
-
-def incidental(source: str) -> str:
-    """The agent with more clock, entropy, uuid and listing reads at import and before
-    its prompt is made (so every later served value shifts)."""
-    src = source.replace("from openai import OpenAI\n", "from openai import OpenAI\n" + INCIDENTAL)
-    return src.replace("    started = datetime.now(UTC)\n",
-                       "    time.time(); uuid.uuid4(); datetime.now(UTC); os.listdir('.')\n"
-                       "    started = datetime.now(UTC)\n")
 
 
 def test_the_recorded_build_matches(agent: Recorded) -> None:
@@ -160,7 +89,7 @@ def test_bad_flags_are_refused_before_anything_runs(agent: Recorded, tmp_path: P
     for flags in (["--build", "--lenient"], ["--compare-output"], ["--env", "X=1"],
                   ["--build", "--env", "NOEQUALS"]):
         p = subprocess.run([*CLI, "replay", *flags, str(agent.steno)], cwd=tmp_path,
-                           capture_output=True, timeout=60, env=_env())
+                           capture_output=True, timeout=60, env=clean_env())
         err = p.stderr.decode().strip().splitlines()
         assert p.returncode == 2 and len(err) == 1 and err[0].startswith("stenograph: error:"), \
             (flags, err)

@@ -58,6 +58,7 @@ class LogItem(pytest.Item):
         return self.log, None, f"build replay of {self.name}"
 
 
+@pytest.hookimpl(tryfirst=True)  # before -k and -m deselect
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     dirs = config.getoption("stenograph_logs")

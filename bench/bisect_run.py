@@ -20,33 +20,27 @@ Printed: wall time, revisions tested, seconds per revision, the ratio of the two
 times; the least of ``--tries`` runs each. Both must name the planted commit, or the
 bench says so.
 
-    python bench/bisect.py [--tries 3] [--latency 0] [--json]
+    python bench/bisect_run.py [--tries 3] [--latency 0] [--json]
 
 A benchmark prints figures; it asserts nothing.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
 
-# this file is named like the standard library's bisect (which tempfile -> random
-# imports): the bench directory must not be on sys.path before anything else is imported
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+from stenograph.testing.model_server import ModelServer
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-from stenograph.testing.model_server import ModelServer  # noqa: E402
-
-ROOT = Path(_HERE).parent
+ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from test_bisect import AGENT, COMMITS, NOTES, PLANTED, SCRIPT  # noqa: E402
 
