@@ -10,7 +10,9 @@ from conftest import SMALL, flip_bit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stenograph.recorder import trajfile
 from stenograph.recorder.blobs import BlobRef, BlobStore
+from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import BadInput, CorruptLog
 from stenograph.recorder.store import Store
 
@@ -117,3 +119,29 @@ def test_put_repairs_a_damaged_copy(tmp_path: pathlib.Path) -> None:
     path.write_bytes(b"X" * ref.size)  # same size, wrong bytes
     assert bs.put(b"payload" * 100) == ref
     assert bs.get(ref) == b"payload" * 100
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(min_value=0, max_value=5000), min_size=1, max_size=4),
+       part=st.integers(min_value=1, max_value=1500))
+def test_embedded_blobs_of_any_size_round_trip_in_parts(
+        tmp_path_factory: pytest.TempPathFactory, sizes: list[int], part: int) -> None:
+    """A blob larger than a frame may carry (a workspace with a 300 MB file) is embedded
+    in parts: the file reads back whole, and a file cut inside the parts is corrupt."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trajfile, "BLOB_PART", part)
+        d = tmp_path_factory.mktemp("parts")
+        blobs = BlobStore(d / "blobs")
+        datas = [bytes([i % 251]) * n + hashlib.sha256(bytes([i, n % 256])).digest()
+                 for i, n in enumerate(sizes)]
+        refs = [blobs.put(x) for x in datas]
+        evs = [Event(1, "t", 0, None, "Note", {"refs": [r.to_body() for r in refs]})]
+        out = d / "t.steno"
+        trajfile.write_trajectory(out, "t", evs, blobs=blobs)
+        assert sorted(trajfile.read_trajectory(out).blobs.values()) == sorted(datas)
+        big = [x for x in datas if len(x) > part]
+        if big:
+            raw = out.read_bytes()
+            out.write_bytes(raw[:raw.rfind(hashlib.sha256(big[0]).hexdigest().encode())])
+            with pytest.raises(CorruptLog):
+                trajfile.read_trajectory(out)

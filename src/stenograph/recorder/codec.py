@@ -178,7 +178,10 @@ def salted_marker(first_lsn: int, salt: bytes, number: int, offset: int) -> byte
 
 
 def frame(payload: bytes) -> bytes:
-    """Wrap a payload in the frame header."""
+    """Wrap a payload in the frame header. A payload past ``MAX_FRAME`` is refused here:
+    every reader would take its frame for damage."""
+    if len(payload) > MAX_FRAME:
+        raise ValueError(f"a frame of {len(payload)} bytes is past MAX_FRAME ({MAX_FRAME})")
     return FRAME_HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 

@@ -4,7 +4,8 @@ Same framing as a store segment, magic ``STENOTRJ``. Frame 0 is the file
 header (a msgpack map pinning the versions that wrote it); then the
 trajectory's events, envelopes exactly as in the store (original LSNs kept, so
 a report can point back into the source store); then, optionally, one frame per
-embedded blob, a map ``{"blob": sha256_hex, "data": bytes}``.
+embedded blob, a map ``{"blob": sha256_hex, "data": bytes}`` (a blob larger than
+``BLOB_PART`` in consecutive parts, ``{"blob", "part": i, "parts": n, "data"}``).
 
 A trajectory file is written to a temporary name, synced and renamed, so it is
 never torn: any bad frame in one is corruption (exit 3), unlike a store's tail.
@@ -81,6 +82,21 @@ class TrajectoryFile:
         return str(self.header["traj"])
 
 
+BLOB_PART = 32 << 20
+"""An embedded blob larger than this travels in parts of this size (a frame carries at
+most ``codec.MAX_FRAME``): ``{"blob", "part", "parts", "data"}``, in order."""
+
+
+def blob_frames(sha: str, data: bytes) -> list[bytes]:
+    """The frames of one embedded blob: one for most, parts for a large one."""
+    if len(data) <= BLOB_PART:
+        return [frame(msgpack.packb({"blob": sha, "data": data}, use_bin_type=True))]
+    n = -(-len(data) // BLOB_PART)
+    return [frame(msgpack.packb({"blob": sha, "part": i, "parts": n,
+                                 "data": data[i * BLOB_PART:(i + 1) * BLOB_PART]},
+                                use_bin_type=True)) for i in range(n)]
+
+
 def write_trajectory(
     out: str | Path,
     traj: str,
@@ -123,10 +139,8 @@ def write_trajectory(
         frame(msgpack.packb(header, use_bin_type=True)),
     ]
     parts.extend(encode_event(ev) for ev in evs)
-    parts.extend(
-        frame(msgpack.packb({"blob": sha, "data": data}, use_bin_type=True))
-        for sha, data in sorted(embedded.items())
-    )
+    for sha, data in sorted(embedded.items()):
+        parts.extend(blob_frames(sha, data))
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -182,6 +196,8 @@ def read_trajectory(path: str | Path) -> TrajectoryFile:
     first_use: dict[str, tuple[int, Event]] = {}
     scanner = FrameScanner(buf, name, torn_ok=False, version=hdr.version, decode=_decode)
     prev_lsn: int | None = None
+    partial: dict[str, list[bytes]] = {}
+    pending: str | None = None  # a blob whose parts are still coming
     for off, _size, item in scanner:
         if header is None:
             if not isinstance(item, dict) or not isinstance(item.get("traj"), str):
@@ -205,11 +221,27 @@ def read_trajectory(path: str | Path) -> TrajectoryFile:
                 first_use.setdefault(ref.sha256, (off, item))
         elif isinstance(item, dict) and isinstance(item.get("blob"), str):
             data = item.get("data")
-            if not isinstance(data, bytes) or hashlib.sha256(data).hexdigest() != item["blob"]:
-                raise CorruptLog("embedded blob does not match its hash", name, off)
-            blobs[item["blob"]] = data
+            if not isinstance(data, bytes):
+                raise CorruptLog("embedded blob has no bytes", name, off)
+            part, nparts = item.get("part", 0), item.get("parts", 1)
+            if not isinstance(part, int) or not isinstance(nparts, int) or \
+                    not 0 <= part < nparts:
+                raise CorruptLog("embedded blob part out of range", name, off)
+            pieces = partial.setdefault(item["blob"], [])
+            if part != len(pieces) or (pending not in (None, item["blob"])):
+                raise CorruptLog("embedded blob parts out of order", name, off)
+            pieces.append(data)
+            pending = item["blob"] if part + 1 < nparts else None
+            if pending is None:
+                whole = b"".join(partial.pop(item["blob"]))
+                if hashlib.sha256(whole).hexdigest() != item["blob"]:
+                    raise CorruptLog("embedded blob does not match its hash", name, off)
+                blobs[item["blob"]] = whole
         else:
             raise CorruptLog("frame is neither an event nor a blob", name, off)
+    if pending is not None:
+        raise CorruptLog(f"embedded blob {pending} ends before its last part", name,
+                         scanner.tail.end if scanner.tail else 0)
     if header is None:
         raise CorruptLog("trajectory file has no header frame", name, 32)
     if header.get("events") != len(events):
