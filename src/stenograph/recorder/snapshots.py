@@ -46,9 +46,11 @@ MAX_DEPTH = 16
 """Deltas on deltas beyond this many: the next snapshot is written in full."""
 
 DEFAULT_IGNORE = ("__pycache__/", ".venv/", "node_modules/", ".mypy_cache/",
-                  ".pytest_cache/", ".ruff_cache/")
+                  ".pytest_cache/", ".ruff_cache/", "*.steno")
 """Caches and environments a tool rebuilds or a program only executes from: not the
-workspace's content, and live at replay (they pass through the sealed view)."""
+workspace's content, and live at replay (they pass through the sealed view). And other
+recordings: recorded again and again in one directory, each `.steno` would embed all the
+earlier ones (twice the size each time)."""
 
 IGNORE_FILE = ".stenoignore"
 
