@@ -207,6 +207,7 @@ typedef struct {
     int nrec_based;    /* resume: nrec now counts the records the prefix served too */
     uint32_t sigk;     /* signal-mask calls since this thread's last record (signals.c) */
     int in_sigpoint;   /* replay: running handlers at a point (signals.c) */
+    int in_mask;       /* record: inside a mask call, whose unblock may deliver (signals.c) */
     int sigpend_n;     /* record: handler runs that interrupted the shim, taped at the next record */
     struct { uint32_t pos, k; int32_t sig; uint32_t flags; unsigned char info[128]; } sigpend[4];
 } tls_t;

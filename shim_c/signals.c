@@ -52,6 +52,7 @@ _Static_assert(sizeof(sigrec_t) == 144, "OP_SIG_RUN payload: u32 pos | u32 k | i
 _Static_assert(sizeof(siginfo_t) == 128, "siginfo_t is 128 bytes");
 
 #define SIGF_UNTAPED 1
+#define SIGF_OUTSIDE_MASK 2 /* ran outside a mask call: not a signal its unblock delivered */
 
 static int sig_virtual(int sig) {
     switch (sig) {
@@ -117,7 +118,8 @@ static void sig_record(tls_t *t, int sig, siginfo_t *si) {
     r.pos = t->nrec;
     r.k = t->sigk;
     r.sig = sig;
-    r.flags = (t->guard || t->inshim) ? SIGF_UNTAPED : 0;
+    r.flags = ((t->guard || t->inshim) ? SIGF_UNTAPED : 0) |
+              (t->in_mask ? 0 : SIGF_OUTSIDE_MASK);
     if (si) memcpy(r.info, si, sizeof r.info);
     if (t->inshim) { /* its buffer's lock may be held by the code it interrupted */
         if (t->sigpend_n < 4) memcpy(&t->sigpend[t->sigpend_n], &r, sizeof r);
@@ -143,8 +145,11 @@ static void sig_report(tls_t *t, const char *kind, const char *what, int sig) {
 }
 
 /* Replay: run the handlers (at most `max`) the tape has at this thread's current point,
- * judged against `mask` (NULL: the thread's mask now); how many ran. */
-static int sig_replay_point(tls_t *t, const sigset_t *mask, int max) {
+ * judged against `mask` (NULL: the thread's mask now); how many ran. `unblocked`: the
+ * point right after a mask call, where only a run its unblock delivered belongs (one
+ * recorded at the same position but outside the call -- the signal came during the
+ * next blocking call -- waits for that call's entry). */
+static int sig_replay_point_at(tls_t *t, const sigset_t *mask, int max, int unblocked) {
     if (t->inshim || t->in_sigpoint) return 0;
     stream_t *s = &t->st[CH_SIGNAL];
     int ran = 0;
@@ -165,6 +170,8 @@ static int sig_replay_point(tls_t *t, const sigset_t *mask, int max) {
             continue;
         }
         if ((unsigned)r.sig > 64) break;
+        if (unblocked && (r.flags & SIGF_OUTSIDE_MASK) && r.pos == now && r.k == t->sigk)
+            break;
         sigset_t cur; /* the program's mask (in a live handler: the interrupted code's) */
         if (mask) cur = *mask;
         else raw_mask(SIG_BLOCK, NULL, &cur);
@@ -188,6 +195,10 @@ static int sig_replay_point(tls_t *t, const sigset_t *mask, int max) {
     }
     t->in_sigpoint = 0;
     return ran;
+}
+
+static int sig_replay_point(tls_t *t, const sigset_t *mask, int max) {
+    return sig_replay_point_at(t, mask, max, 0);
 }
 
 /* Replay: the signal whose run is due at this thread's point now, or 0. */
@@ -327,28 +338,31 @@ EXPORT sighandler_t sysv_signal(int sig, sighandler_t h) {
 
 static inline int sig_taped_thread(void) { return g_mode && !T.guard && !T.inshim; }
 
-EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old) {
-    RESOLVE(sigprocmask);
-    if (!set || !sig_taped_thread()) return real_sigprocmask(how, set, old);
+typedef int (*mask_fn)(int, const sigset_t *, sigset_t *);
+
+/* Both mask calls: a run recorded before the call (under the old mask) happens first at
+ * replay; one the change delivered happens after it. Record notes which runs a call's
+ * unblock delivered (`in_mask`, see SIGF_OUTSIDE_MASK). */
+static int mask_call(mask_fn real, int how, const sigset_t *set, sigset_t *old) {
+    if (!set || !sig_taped_thread()) return real(how, set, old);
     tls_t *t = me();
-    /* replay: a run recorded before this call (under the old mask) happens first */
     if (g_mode == MODE_REPLAY && g_sigtape) sig_replay_point(t, NULL, INT_MAX);
     t->sigk++;
-    int r = real_sigprocmask(how, set, old);
-    if (g_mode == MODE_REPLAY && g_sigtape) sig_replay_point(t, NULL, INT_MAX);
+    t->in_mask++;
+    int r = real(how, set, old);
+    t->in_mask--;
+    if (g_mode == MODE_REPLAY && g_sigtape) sig_replay_point_at(t, NULL, INT_MAX, 1);
     return r;
+}
+
+EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old) {
+    RESOLVE(sigprocmask);
+    return mask_call(real_sigprocmask, how, set, old);
 }
 
 EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old) {
     RESOLVE(pthread_sigmask);
-    if (!set || !sig_taped_thread()) return real_pthread_sigmask(how, set, old);
-    tls_t *t = me();
-    /* replay: a run recorded before this call (under the old mask) happens first */
-    if (g_mode == MODE_REPLAY && g_sigtape) sig_replay_point(t, NULL, INT_MAX);
-    t->sigk++;
-    int r = real_pthread_sigmask(how, set, old);
-    if (g_mode == MODE_REPLAY && g_sigtape) sig_replay_point(t, NULL, INT_MAX);
-    return r;
+    return mask_call(real_pthread_sigmask, how, set, old);
 }
 
 /* Replay of a wait for a handler: run the one the tape has here, under `mask`. */

@@ -24,6 +24,7 @@ import ctypes.util
 import hashlib
 import mmap
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -278,6 +279,26 @@ def _libc() -> Any:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
+def _submounts(roots: Sequence[str]) -> dict[str, list[str]]:
+    """Per temporary root, the outermost mount points strictly under it."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            points = [line.split()[4] for line in f if len(line.split()) > 4]
+    except OSError:
+        return {}
+    points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), p) for p in points]
+    out: dict[str, list[str]] = {}
+    for root in roots:
+        under = sorted({p for p in points if p.startswith(root.rstrip("/") + "/")})
+        top: list[str] = []
+        for p in under:
+            if not any(p.startswith(t + "/") for t in top) and os.path.exists(p):
+                top.append(p)
+        if top:
+            out[root] = top
+    return out
+
+
 def _seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
     """The function the replay's child runs before exec: everything it needs is resolved
     here, in the parent. What went wrong, if anything, is written to the fd ``why`` (the
@@ -293,10 +314,13 @@ def _seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
             err = ctypes.get_errno()
             raise OSError(err, f"{what}: {os.strerror(err)}")
 
+    subs = _submounts(roots)
+
     def run() -> None:
         check(unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         check(mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         keep_fds = [os.open(k, os.O_PATH | os.O_DIRECTORY) for k in seal.keep]
+        sub_fds = {r: [(p, os.open(p, os.O_PATH)) for p in subs.get(r, ())] for r in roots}
         # a workspace layer in /tmp must be the real one: seen through /tmp's overlay,
         # its whiteouts would be files
         ws_fds = [[os.open(low, os.O_PATH | os.O_DIRECTORY) for low in m.lowers]
@@ -324,6 +348,12 @@ def _seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
             layers = f"/proc/self/fd/{sfd}"
             opts = (f"lowerdir={root},upperdir={layers}/u{i},workdir={layers}/w{i}").encode()
             check(mount(b"overlay", root.encode(), b"overlay", 0, opts), f"overlay on {root}")
+            # an overlay's lower layer is one file system: what is mounted under it (a
+            # checkout on its own tmpfs) goes back on top, as it is
+            for path, fd in sub_fds[root]:
+                check(mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None,
+                            MS_BIND | MS_REC, None), f"bind {path}")
+                os.close(fd)
         # the workspace overlays: after the temporary roots' (a workspace may be inside
         # one), their layers reached through fds opened before those
         for i, m in enumerate(seal.workspaces):
