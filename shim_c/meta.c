@@ -191,6 +191,8 @@ static int meta_call(int op, int dirfd, const char *path, void *buf, int flags, 
         (UNLIKELY(edited()) && !g_build && meta_other_path(t, op, a, hdr, argn)))
         return (int)sys_ret_l(meta_live(op, dirfd, path, buf, flags, mask));
     uint32_t n;
+    size_t at_off = t->st[CH_META].off;
+    uint32_t at_pos = t->st[CH_META].pos;
     t_soft = 1; /* a divergence here is reported; the process goes on, metadata live */
     const unsigned char *p = serve(t, CH_META, op, a, argn, &n);
     t_soft = 0;
@@ -202,8 +204,13 @@ static int meta_call(int op, int dirfd, const char *path, void *buf, int flags, 
     const unsigned char *rb = p + argn + sizeof m;
     if (!m.rc && n < argn + sizeof m + sz)
         return (int)sys_ret_l(meta_live(op, dirfd, path, buf, flags, mask));
-    if (UNLIKELY(g_build) && !meta_same_file(op, m.rc, rb, dirfd, path, buf, flags, mask))
+    if (UNLIKELY(g_build) && !meta_same_file(op, m.rc, rb, dirfd, path, buf, flags, mask)) {
+        /* another file's record (an fstat's arguments do not name the file): left for
+         * the call it belongs to */
+        t->st[CH_META].off = at_off;
+        t->st[CH_META].pos = at_pos;
         return (int)sys_ret_l(meta_live(op, dirfd, path, buf, flags, mask));
+    }
     if (g_drift && !g_build) meta_check(t, op, a, argn, m.rc, rb, dirfd, path, flags, mask);
     if (m.rc < 0) { errno = -m.rc; return -1; }
     memcpy(buf, rb, sz);
