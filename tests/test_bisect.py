@@ -332,7 +332,12 @@ def test_ctrl_c_ends_every_process_and_removes_the_clone(agent_repo: Repo) -> No
         proc = subprocess.Popen([*CLI, "bisect", "--good", r.shas[0], "--bad", r.shas[-1],
                                  "--log", str(r.log), "--repo", str(r.path)], cwd=r.tmp,
                                 env=_env(TMPDIR=str(scratch)), stdout=subprocess.DEVNULL,
-                                stderr=sink, start_new_session=True)
+                                stderr=sink, start_new_session=True,
+                                # a job a shell started in the background inherits SIGINT
+                                # ignored (so would this whole suite): a terminal's own
+                                # foreground job does not
+                                preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                 signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 60
             while not _stepping(scratch) and time.monotonic() < deadline:
