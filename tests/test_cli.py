@@ -154,3 +154,33 @@ def test_the_readme_exit_codes_are_the_errors_exit_codes() -> None:
         assert cls.exit_code == code, (code, cls)
     assert "paused" in listed[5] and "policy" in listed[6] and "write" in listed[7]
     assert "lease" in listed[8]
+
+
+def test_record_sweeps_the_socket_directories_killed_recorders_left(tmp_path: Path) -> None:
+    """A recorder killed with SIGKILL leaves ``steno-rec-*`` in the temporary directory;
+    the next record removes those an hour old whose sockets no one accepts on, and
+    keeps one whose recorder still listens."""
+    import socket
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    dead, live = tmpdir / "steno-rec-dead", tmpdir / "steno-rec-live"
+    dead.mkdir()
+    live.mkdir()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.bind(str(dead / "tape.sock"))  # closed: its file stays, nothing accepts
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(live / "tape.sock"))
+    listener.listen(1)
+    try:
+        for d in (dead, live):
+            os.utime(d, (1, 1))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
+        env["TMPDIR"] = str(tmpdir)
+        r = subprocess.run([sys.executable, "-m", "stenograph", "record", "-o",
+                            str(tmp_path / "t.steno"), "--workspace", "none", "--", "/bin/true"],
+                           cwd=tmp_path, env=env, capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert not dead.exists() and live.exists()
+    finally:
+        listener.close()

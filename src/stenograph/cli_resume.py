@@ -40,6 +40,7 @@ from stenograph.cli_run import (
     replay_env,
     run_ended,
     stopped_line,
+    sweep_dead_sockets,
 )
 from stenograph.interpose import resume_plan
 from stenograph.interpose.launch import Seal, run_under_shim, seal_roots
@@ -200,6 +201,7 @@ def _run(store: Path, traj: str, rp: ResumePlan, worker: Worker,
     """Claim, restore, run; the outcome for the report."""
     started = rp.started
     tape = Path(tempfile.mkdtemp(prefix="steno-resume-"))
+    sweep_dead_sockets()
     sock_dir = Path(tempfile.mkdtemp(prefix="steno-rec-"))
     epoch = max(worker.epoch, rp.state.epoch + 1)
     out: dict[str, Any] = {"epoch": epoch, "cut": rp.cut,

@@ -313,6 +313,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
                         exclude=[str(store_path), str(out)])
     authorizer = make_authorizer(policy_file, budget_tokens, budget_usd, prices_file)
     cadence = Cadence(mtbf=mtbf * 3600, every=checkpoint_every)
+    sweep_dead_sockets()
     tmp = tempfile.mkdtemp(prefix="steno-rec-")
     existed = store_path.exists()
     ran: dict[str, Any] = {}
@@ -362,6 +363,42 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     sys.exit(_exit_code(result.status))
+
+
+def sweep_dead_sockets(limit: int = 200) -> int:
+    """Remove the socket directories of recorders that were killed (SIGKILL leaves them
+    in the temporary directory): an hour old, and nothing accepts on their sockets. A
+    directory whose recorder is alive (even a stopped one) still accepts, and stays."""
+    import socket
+    import time
+
+    root = Path(tempfile.gettempdir())
+    removed = 0
+    try:
+        names = [n for n in os.listdir(root) if n.startswith("steno-rec-")]
+    except OSError:
+        return 0
+    for name in names:
+        d = root / name
+        try:
+            if time.time() - d.stat().st_mtime < 3600 or not d.is_dir():
+                continue
+        except OSError:
+            continue
+        alive = False
+        for sock in d.glob("*.sock"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
+                try:
+                    c.connect(str(sock))
+                    alive = True
+                except OSError:
+                    pass
+        if not alive:
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 1
+            if removed >= limit:
+                break
+    return removed
 
 
 def _record_failed(exc: OSError, store_path: Path, existed: bool, traj: str,
