@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime
 from email.utils import format_datetime
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from stenograph.interpose.incidental import Incidentals, differences, incidental_only, mask
@@ -85,6 +85,8 @@ def test_a_time_the_run_never_read_is_compared_as_it_is(t: float, f: int, before
 @settings(max_examples=100, deadline=None)
 @given(raw=st.binary(min_size=16, max_size=16), other=st.binary(min_size=16, max_size=16),
        pad=st.binary(max_size=64))
+@example(raw=b"\x10\x00\x00\x00\x00\x00\n" + bytes(9), other=bytes(16), pad=b"")  # hex
+# whose first 13 digits look like epoch milliseconds
 def test_a_uuid_or_hex_from_the_runs_entropy_is_masked_and_no_other(
         raw: bytes, other: bytes, pad: bytes) -> None:
     inc = Incidentals([T0], pad + raw + pad)

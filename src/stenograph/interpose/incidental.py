@@ -48,6 +48,7 @@ _D, _ND = r"(?<!\d)(?<!\d\.)", r"(?![\d])"
 _TOKENS = re.compile(
     rf"(?P<uuid>{_H}[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-"
     rf"[0-9a-fA-F]{{12}}{_NH})"
+    rf"|(?P<hex>{_H}[0-9a-fA-F]{{16,}}{_NH})"  # before the numbers: a hex id may start with digits
     rf"|(?P<iso>(?<!\d)\d{{4}}-\d{{2}}-\d{{2}}(?:[T ]\d{{2}}:\d{{2}}(?::\d{{2}}(?:\.\d{{1,9}})?)?)?"
     r"(?:Z|[+-]\d{2}:?\d{2})?(?!\d))"
     rf"|(?P<rfc>{_DAY}, \d{{1,2}} {_MONTH} \d{{4}} \d{{2}}:\d{{2}}:\d{{2}} "
@@ -55,7 +56,6 @@ _TOKENS = re.compile(
     rf"|(?P<ctime>{_DAY} {_MONTH} [ \d]\d \d{{2}}:\d{{2}}:\d{{2}} \d{{4}}{_ND})"
     rf"|(?P<epoch_ms>{_D}1\d{{12}}{_ND})"
     rf"|(?P<epoch>{_D}1\d{{9}}(?:\.\d{{1,9}})?{_ND})"
-    rf"|(?P<hex>{_H}[0-9a-fA-F]{{16,}}{_NH})"
     r"|(?P<tod>(?<!\d)(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?!\d))"
 )
 
