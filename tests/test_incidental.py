@@ -39,8 +39,9 @@ prose = st.text(alphabet="abcdefghij ,.:;!?()[]{}\"'\n", max_size=60)
 def test_a_time_the_run_read_is_masked_and_the_new_builds_own_matches_it(
         t: float, later: float, f: int, before: str, after: str) -> None:
     inc = Incidentals([t - 5, t, t + 5], b"")
-    rec = f"{before}{RENDER[f](t)}{after}"
-    new = f"{before}{RENDER[f](t + later)}{after}"
+    # (glued to letters a-f, digits read as hex: "a1796000000000aa" is an id, not a time)
+    rec = f"{before} {RENDER[f](t)} {after}"
+    new = f"{before} {RENDER[f](t + later)} {after}"
     mr, n = mask(rec, inc, recorded=True)
     assert n >= 1 and RENDER[f](t) not in mr
     assert differences(rec, new, inc) in ((0,) if rec == new else (1,))
@@ -54,8 +55,8 @@ def test_values_shifted_by_one_read_match_in_place(t: float, f: int, mid: str) -
     the next recorded one, and one of them equals another's recorded value."""
     reads = [t, t + 1, t + 2]
     inc = Incidentals(reads, b"")
-    rec = f"start {RENDER[f](reads[0])}{mid} end {RENDER[f](reads[1])}"
-    new = f"start {RENDER[f](reads[1])}{mid} end {RENDER[f](reads[2])}"
+    rec = f"start {RENDER[f](reads[0])} {mid} end {RENDER[f](reads[1])}"
+    new = f"start {RENDER[f](reads[1])} {mid} end {RENDER[f](reads[2])}"
     assert differences(rec, new, inc) in ((0,) if rec == new else (1, 2))
     assert differences(rec, new.replace(" end ", " END "), inc) is None
 
