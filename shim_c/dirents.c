@@ -148,21 +148,38 @@ static void drift_report(tls_t *t, const char *path) {
     append_report(line, (size_t)(p - line));
 }
 
+/* A set of names, by count and an order-independent digest (no copy, no sort): how a
+ * recorded listing is compared with the live one. */
+typedef struct { uint32_t count; uint64_t sum, xor; } names_t;
+
+static void names_add(names_t *n, const char *name) {
+    uint64_t h = name_hash(name);
+    n->sum += h;
+    n->xor ^= h * 0x9e3779b97f4a7c15ULL;
+    n->count++;
+}
+
+static names_t live_names(DIR *live) {
+    names_t n = {0};
+    struct dirent64 *e;
+    while ((e = real_readdir64(live)) != NULL) names_add(&n, e->d_name);
+    return n;
+}
+
+static int names_eq(names_t a, names_t b) {
+    return a.count == b.count && a.sum == b.sum && a.xor == b.xor;
+}
+
 /* Build replay: is the recorded listing (count entries at q) the live one? A directory
  * of the build's code lists what the build has (a new module must be found); one of the
  * recorded workspace lists as recorded anyway. The live stream is rewound after. */
 static int listing_same(DIR *live, int32_t err, const unsigned char *q, uint32_t count) {
     if ((err != 0) != (live == NULL)) return 0;
     if (!live) return 1;
-    uint64_t lsum = 0, lxor = 0, rsum = 0, rxor = 0;
-    uint32_t lcount = 0;
-    struct dirent64 *e;
-    while ((e = real_readdir64(live)) != NULL) {
-        uint64_t h = name_hash(e->d_name);
-        lsum += h; lxor ^= h * 0x9e3779b97f4a7c15ULL; lcount++;
-    }
+    names_t l = live_names(live);
     RESOLVE(rewinddir);
     real_rewinddir(live);
+    names_t r = {0};
     char name[256];
     for (uint32_t i = 0; i < count; i++) {
         uint16_t nl;
@@ -170,11 +187,10 @@ static int listing_same(DIR *live, int32_t err, const unsigned char *q, uint32_t
         uint16_t k = nl < 255 ? nl : 255;
         memcpy(name, q + DENT_HEAD, k);
         name[k] = 0;
-        uint64_t h = name_hash(name);
-        rsum += h; rxor ^= h * 0x9e3779b97f4a7c15ULL;
+        names_add(&r, name);
         q += DENT_HEAD + nl;
     }
-    return lcount == count && lsum == rsum && lxor == rxor;
+    return names_eq(l, r);
 }
 
 /* Replay: check path, serve the recorded listing, report a different live one as drift. */
@@ -219,22 +235,12 @@ static DIR *listing_replay(tls_t *t, const char *path, DIR *live, int live_err) 
     for (uint32_t i = 0, j = s->count ? s->count - 1 : 0; i < j; i++, j--) {
         struct dirent64 *x = s->ents[i]; s->ents[i] = s->ents[j]; s->ents[j] = x;
     }
-    /* compare with the live listing: the set of names, by count and an order-independent
-     * digest (no copy, no sort); STENO_DRIFT=0 skips reading the live directory */
+    /* compare with the live listing's names; STENO_DRIFT=0 skips reading it */
     int drift = live == NULL && !g_build;
     if (live && g_drift && !g_build) {
-        uint64_t lsum = 0, lxor = 0, rsum = 0, rxor = 0;
-        uint32_t lcount = 0;
-        struct dirent64 *e;
-        while ((e = real_readdir64(live)) != NULL) {
-            uint64_t h = name_hash(e->d_name);
-            lsum += h; lxor ^= h * 0x9e3779b97f4a7c15ULL; lcount++;
-        }
-        for (uint32_t i = 0; i < s->count; i++) {
-            uint64_t h = name_hash(s->ents[i]->d_name);
-            rsum += h; rxor ^= h * 0x9e3779b97f4a7c15ULL;
-        }
-        drift = lcount != s->count || lsum != rsum || lxor != rxor;
+        names_t r = {0};
+        for (uint32_t i = 0; i < s->count; i++) names_add(&r, s->ents[i]->d_name);
+        drift = !names_eq(live_names(live), r);
     }
     if (drift) drift_report(t, path);
     return d;
