@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench examples golden_logs
+# chromium: tests/test_view.py opens the `stenograph view` pages in it (headless)
+	@command -v chromium >/dev/null || \
+	    (apt-get install -y chromium >/dev/null 2>&1 || \
+	     (apt-get update >/dev/null && apt-get install -y chromium >/dev/null))
 	$(BIN)/pytest
 
 bench: $(STAMP)

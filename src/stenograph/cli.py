@@ -425,9 +425,12 @@ def _register_optional() -> None:
     main.add_command(replay)
     from stenograph.cli_bisect import bisect
     from stenograph.cli_checkpoint import checkpoint
+    from stenograph.cli_diff import diff
     from stenograph.cli_regress import regress
     from stenograph.cli_resume import resume
+    from stenograph.cli_show import show
     from stenograph.cli_status import approve, deliver, deny, settle, status
+    from stenograph.cli_view import view
 
     main.add_command(bisect)
     main.add_command(checkpoint)
@@ -438,6 +441,9 @@ def _register_optional() -> None:
     main.add_command(approve)
     main.add_command(deny)
     main.add_command(deliver)
+    main.add_command(show)
+    main.add_command(view)
+    main.add_command(diff)
 
 
 _register_optional()

@@ -386,7 +386,11 @@ def sweep_dead_sockets(limit: int = 200) -> int:
         except OSError:
             continue
         alive = False
-        for sock in d.glob("*.sock"):
+        try:  # another recorder may be sweeping the same directory away
+            socks = list(d.glob("*.sock"))
+        except OSError:
+            continue
+        for sock in socks:
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
                 try:
                     c.connect(str(sock))

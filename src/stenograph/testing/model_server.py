@@ -170,6 +170,36 @@ class Turn:
         return cls(text=text, tool_calls=calls)
 
 
+@dataclass(frozen=True)
+class Branch:
+    """A script turn that depends on what the model was given: ``then`` when ``text``
+    occurs in the request's messages (or Responses ``input``, or Anthropic ``system``),
+    else ``otherwise``. It lets a test plant a divergence the way a real model makes
+    one: a changed tool result or prompt changes the reply."""
+
+    text: str
+    then: Turn
+    otherwise: Turn
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any], where: str) -> Branch:
+        unknown = set(obj) - {"if", "then", "else"}
+        if unknown:
+            raise BadInput(f"unknown key(s) {sorted(unknown)} in a branch turn", where)
+        if not isinstance(obj.get("if"), str) or not obj["if"]:
+            raise BadInput("a branch turn's 'if' must be a non-empty string", where)
+        if "then" not in obj or "else" not in obj:
+            raise BadInput("a branch turn needs 'then' and 'else'", where)
+        return cls(obj["if"], Turn.parse(obj["then"], f"{where}.then"),
+                   Turn.parse(obj["else"], f"{where}.else"))
+
+    def choose(self, req: Mapping[str, Any]) -> Turn:
+        seen = json.dumps([req.get("messages"), req.get("input"), req.get("system")],
+                          ensure_ascii=False)
+        return self.then if self.text in seen or json.dumps(self.text)[1:-1] in seen \
+            else self.otherwise
+
+
 def _parse_call(obj: Any, where: str) -> ToolCall:
     if not isinstance(obj, Mapping):
         raise BadInput("a tool call must be an object", where)
@@ -198,8 +228,10 @@ def _parse_call(obj: Any, where: str) -> ToolCall:
     return ToolCall(name=name, arguments=text, id=call_id)
 
 
-def load_script(source: str | os.PathLike[str] | Sequence[Any] | Mapping[str, Any]) -> list[Turn]:
-    """A script from a file path, a JSON list of turns, or ``{"turns": [...]}``."""
+def load_script(source: str | os.PathLike[str] | Sequence[Any] | Mapping[str, Any]
+                ) -> list[Turn | Branch]:
+    """A script from a file path, a JSON list of turns, or ``{"turns": [...]}``; a turn
+    ``{"if": TEXT, "then": TURN, "else": TURN}`` is a ``Branch``."""
     where = "script"
     data: Any = source
     if isinstance(source, str | os.PathLike):
@@ -214,7 +246,8 @@ def load_script(source: str | os.PathLike[str] | Sequence[Any] | Mapping[str, An
         data = data.get("turns")
     if not isinstance(data, Sequence) or isinstance(data, str | bytes):
         raise BadInput("a script is a list of turns (or an object with 'turns')", where)
-    return [Turn.parse(t, f"{where}[{i}]") for i, t in enumerate(data)]
+    return [Branch.parse(t, f"{where}[{i}]") if isinstance(t, Mapping) and "if" in t
+            else Turn.parse(t, f"{where}[{i}]") for i, t in enumerate(data)]
 
 
 # --------------------------------------------------------------------------- knobs
@@ -1081,7 +1114,8 @@ class ModelServer:
         port: int = 0,
         model: str | None = None,
     ) -> None:
-        self.script: list[Turn] | None = None if script is None else load_script(script)
+        self.script: list[Turn | Branch] | None = None if script is None else load_script(
+            script)
         self.seed = seed
         self.knobs = knobs or Knobs()
         self.live_ids = live_ids
@@ -1193,7 +1227,8 @@ class ModelServer:
         if self.script is None:
             return _seeded_turn(req, self.seed, turn_index)
         if turn_index < len(self.script):
-            return self.script[turn_index]
+            t = self.script[turn_index]
+            return t.choose(req) if isinstance(t, Branch) else t
         n = len(self.script)
         return Turn(text=f"[stenograph model server: script exhausted after {n} turns]")
 

@@ -1,0 +1,198 @@
+"""``stenograph show``: a recording as its turns, or one turn exactly as the model saw it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from stenograph.cli_checks import input_file
+from stenograph.harness.formats import loads
+from stenograph.harness.source import Recording, open_recording
+from stenograph.harness.trajectory import Trajectory, Turn
+from stenograph.recorder.checkpoints import CheckpointInfo, checkpoints_of
+from stenograph.recorder.reader import is_store
+
+
+def open_input(path: str, traj: str | None) -> Recording:
+    if not is_store(Path(path)):
+        input_file(path)
+    return open_recording(path, traj)
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
+                                                          separators=(",", ":"))
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def action_line(t: Turn, width: int = 60) -> str:
+    """A turn's chosen action in a few words: its tool calls, or its answer."""
+    if t.reply.tool_calls:
+        parts = []
+        for c in t.reply.tool_calls:
+            args = c.arguments
+            if isinstance(args, dict):
+                args = ", ".join(f"{k}={_short(v, 24)}" for k, v in args.items())
+            shown = _short(args, 40) if not isinstance(args, str) or args else ""
+            shown = _short(args, 40) if not isinstance(args, str) or args else ""
+            parts.append(f"{c.name}({shown})")
+        return _short("; ".join(parts), width)
+    return "answer: " + _short(t.reply.text or "", width - 8)
+
+
+def parent_line(rec: Recording) -> str | None:
+    p = rec.parent
+    if p is None:
+        return None
+    return (f"forked from {p.get('file') or p.get('traj')} (trajectory {p.get('traj')}) "
+            f"at turn {p.get('turn')}: {p.get('change', '?')}")
+
+
+def nearest_checkpoint(cps: list[CheckpointInfo], turn: int) -> CheckpointInfo | None:
+    """The checkpoint whose turn is nearest ``turn`` (the earlier of two as near)."""
+    if not cps:
+        return None
+    return min(cps, key=lambda c: (abs(c.turn - turn), c.turn > turn, c.index))
+
+
+def request_doc(t: Turn) -> dict[str, Any]:
+    """The request as sent (after redaction): method, URL, headers, body as JSON."""
+    req = t.request
+    return {"method": req.get("method"), "url": req.get("url"),
+            "headers": [list(h) for h in req.get("headers") or []],
+            "body": loads(t.request_body())}
+
+
+def turn_doc(tr: Trajectory, t: Turn, cps: list[CheckpointInfo]) -> dict[str, Any]:
+    cp = nearest_checkpoint(cps, t.index)
+    results = {a.call_id: a for a in t.results}
+    return {
+        "turn": t.index,
+        "turns": len(tr.turns),
+        "request": request_doc(t),
+        "context_hash": t.context.hash,
+        "context": {"api": t.context.api, "system": t.context.system,
+                    "messages": len(t.context.messages), "tools": len(t.context.tools)},
+        "reply": t.reply.to_json(),
+        "tool_calls": [c.to_json() for c in t.reply.tool_calls],
+        "tool_results": [{"call_id": c.id, "name": c.name,
+                          "content": results[c.id].content if c.id in results else None,
+                          "is_error": results[c.id].is_error if c.id in results else None,
+                          "source": "next request" if c.id in results else None}
+                         for c in t.reply.tool_calls],
+        "calls": [c.to_json() for c in t.calls],
+        "approvals": t.approvals,
+        "usage": {"input_tokens": t.reply.input_tokens,
+                  "output_tokens": t.reply.output_tokens},
+        "model": {"asked": t.context.model, "served": t.reply.served_model},
+        "record": t.record.to_json(),
+        "checkpoint": None if cp is None else {"index": cp.index, "at": cp.at,
+                                               "turn": cp.turn, "lsn": cp.lsn},
+        "tape": {**t.at.to_json(), "channel": "model"},
+    }
+
+
+def summary_doc(rec: Recording, tr: Trajectory) -> dict[str, Any]:
+    return {"traj": tr.traj, "file": rec.path, "parent": rec.parent,
+            "turns": [{"turn": t.index, "model": t.reply.served_model,
+                       "input_tokens": t.reply.input_tokens,
+                       "output_tokens": t.reply.output_tokens,
+                       "tool_calls": [c.to_json() for c in t.reply.tool_calls],
+                       "answer": None if t.reply.tool_calls else t.reply.text,
+                       "calls": [c.to_json() for c in t.calls]} for t in tr.turns],
+            "record": tr.record.to_json()}
+
+
+@click.command("show")
+@click.argument("file", type=click.Path(path_type=str))
+@click.option("--turn", "turn", type=click.IntRange(min=1), metavar="N",
+              help="One turn in full: the request the model received, its reply, the "
+              "tool calls and their results, the nearest checkpoint, the tape position.")
+@click.option("--traj", help="The trajectory, when FILE is a store holding several.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+def show(file: str, turn: int | None, traj: str | None, as_json: bool) -> None:
+    """Show a recording as its trajectory: one line per model turn, or one turn in full.
+
+    A turn is one model exchange (OpenAI chat completions or Responses, Anthropic
+    messages, stenograph.model), read from the tape: no change to the agent is needed.
+    The tool results of a turn are the ones the next request handed back to the model.
+
+    \b
+    Examples:
+      stenograph show run.steno
+      stenograph show run.steno --turn 23
+      stenograph show run.steno --turn 23 --json | jq .request.body.messages
+    """
+    rec = open_input(file, traj)
+    tr = rec.trajectory()
+    if turn is None:
+        _summary(rec, tr, as_json)
+        return
+    t = tr.turn(turn)
+    doc = turn_doc(tr, t, checkpoints_of(rec.events))
+    if as_json:
+        click.echo(json.dumps(doc, ensure_ascii=False, default=repr))
+        return
+    _turn_text(doc)
+
+
+def _summary(rec: Recording, tr: Trajectory, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(summary_doc(rec, tr), ensure_ascii=False, default=repr))
+        return
+    r = tr.record
+    end = f"exit {r.exit_status}" if r.ended else "not ended"
+    click.echo(f"{tr.traj}: {len(tr.turns)} turn(s), {r.input_tokens} input + "
+               f"{r.output_tokens} output tokens, {r.calls_made} call(s), {end}")
+    if (line := parent_line(rec)) is not None:
+        click.echo(line)
+    for c in tr.before:
+        click.echo(f"   0  {'':14s} {c.target}  {c.state}")
+    for t in tr.turns:
+        model = (t.reply.served_model or "?")[:14]
+        click.echo(f"{t.index:4d}  {model:14s} in {t.reply.input_tokens:<6d} "
+                   f"out {t.reply.output_tokens:<5d} {action_line(t)}")
+        for c in t.calls:
+            kind = "effect" if c.effect else "call"
+            click.echo(f"{'':6s}{kind}: {_short(c.target, 70)}  {c.state}")
+
+
+def _turn_text(doc: dict[str, Any]) -> None:
+    tape = doc["tape"]
+    click.echo(f"turn {doc['turn']} of {doc['turns']}: model {doc['model']['asked']} "
+               f"(served {doc['model']['served']}); tape: process {tape['proc']}, model "
+               f"position {tape['pos']}, lsn {tape['lsn']}")
+    ctx = doc["context"]
+    click.echo(f"context {doc['context_hash'][:16]} ({ctx['api']}: {ctx['messages']} "
+               f"message(s), {ctx['tools']} tool(s))")
+    req = doc["request"]
+    click.echo(f"-- request: {req['method']} {req['url']}")
+    body = req["body"]
+    click.echo(json.dumps(body, indent=2, ensure_ascii=False) if not isinstance(body, str)
+               else body)
+    r = doc["reply"]
+    click.echo(f"-- reply: stop {r['stop_reason']}, {r['usage']['input_tokens']} in / "
+               f"{r['usage']['output_tokens']} out" + (" (streamed)" if r["streamed"] else ""))
+    if r["text"]:
+        click.echo(r["text"])
+    for c, res in zip(doc["tool_calls"], doc["tool_results"], strict=False):
+        click.echo(f"tool call {c['id']}: {c['name']} "
+                   f"{json.dumps(c['arguments'], ensure_ascii=False)}")
+        if res["source"] is None:
+            click.echo("  result: not in a later request (the run ended, or it was dropped)")
+        else:
+            click.echo(f"  result{' (error)' if res['is_error'] else ''}: "
+                       f"{_short(res['content'], 400)}")
+    for c in doc["calls"]:
+        click.echo(f"-- {'effect' if c['effect'] else 'call'}: {c['target']}  {c['state']}")
+    for a in doc["approvals"]:
+        click.echo(f"-- approval {a['call_id']}: {a.get('call') or a.get('decision')}")
+    cp = doc["checkpoint"]
+    if cp is not None:
+        click.echo(f"-- nearest checkpoint: #{cp['index']} ({cp['at']}, turn {cp['turn']}); "
+                   f"`stenograph checkpoint restore FILE --at {doc['turn']} -o DIR` gives "
+                   "the files at this turn")

@@ -1,0 +1,344 @@
+"""Why two recordings of the same task went different ways.
+
+``analyze`` walks both trajectories turn by turn and stops at **t_div**, the first turn
+whose chosen action differs (the tool calls with their arguments, or the answer). Then
+it asks the question an engineer asks: was the model given the same thing?
+
+* **Same context** (same hash of system prompt, messages and tool schemas): the model
+  chose differently on the same input: sampling, serving, or a new model behind the
+  same name. The served model versions are compared first, then the sampling
+  parameters of the request. The cause is ``model``.
+* **Different context**: each difference is found (the message lists aligned, so a
+  message dropped by a truncation rule is one difference, not a shifted list of them)
+  and traced to where it came from. A tool result whose inputs changed (a file of the
+  start workspace the call names, an HTTP response) is the **environment**; so is a
+  value that differs only by a time or an id. The system prompt, the tool schemas, the
+  message list's shape, and a tool result that changed while its inputs did not, are
+  the **harness**. An earlier reply's text (the same action, other words) is the
+  **model**. The cause is the class of the first difference in context order that is
+  not a mere time or id; when there are only those, it is the environment.
+
+Pure code over two ``Trajectory`` objects; the workspace snapshots are read through
+their ``bodies``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from stenograph.harness.formats import Context, canonical
+from stenograph.harness.trajectory import Trajectory, Turn
+from stenograph.recorder.blobs import BlobRef
+
+MODEL, HARNESS, ENVIRONMENT, NONE = "model", "harness", "environment", "none"
+SAMPLING = ("temperature", "top_p", "top_k", "seed", "max_tokens", "max_output_tokens",
+            "max_completion_tokens", "frequency_penalty", "presence_penalty", "n",
+            "reasoning_effort", "reasoning", "tool_choice", "stop", "response_format")
+LIMIT = 50
+
+
+@dataclass(frozen=True)
+class Difference:
+    path: str
+    a: Any
+    b: Any
+    source: str
+    """``<class>: <what>``, the class being model, harness or environment."""
+
+    @property
+    def cls(self) -> str:
+        return self.source.partition(":")[0]
+
+    @property
+    def incidental(self) -> bool:
+        return self.source.startswith(f"{ENVIRONMENT}: a time or id")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "a": self.a, "b": self.b, "source": self.source}
+
+
+@dataclass
+class Divergence:
+    t_div: int | None
+    cause: str
+    context_identical: bool | None
+    differences: list[Difference] = field(default_factory=list)
+    turns: tuple[int, int] = (0, 0)
+    summary: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t_div": self.t_div, "cause": self.cause,
+                "context_identical": self.context_identical,
+                "differences": [d.to_json() for d in self.differences],
+                "turns": {"a": self.turns[0], "b": self.turns[1]}, "summary": self.summary}
+
+
+def analyze(a: Trajectory, b: Trajectory) -> Divergence:
+    turns = (len(a.turns), len(b.turns))
+    n = min(turns)
+    t = next((i for i in range(n) if a.turns[i].reply.action != b.turns[i].reply.action),
+             None)
+    if t is None:
+        return _same_actions(a, b, n, turns)
+    ta, tb = a.turns[t], b.turns[t]
+    if ta.context.hash == tb.context.hash:
+        diffs = _model_side(ta, tb)
+        return Divergence(t + 1, MODEL, True, diffs, turns, f"turn {t + 1}: the same "
+                          "context, a different choice: model-side (" +
+                          (diffs[0].source.partition(': ')[2] if diffs else "sampling") + ")")
+    ev = _Evidence(a, b, t)
+    calls = {c.id: c for turn in a.turns[:t] for c in turn.reply.tool_calls}
+    diffs = _context_diffs(ta.context, tb.context, calls, ev)
+    real = [d for d in diffs if not d.incidental]
+    cause = real[0].cls if real else ENVIRONMENT
+    first = (real or diffs)[0] if diffs else None
+    summary = f"turn {t + 1}: the contexts differ" + (
+        f"; first at {first.path} ({first.source})" if first else "")
+    return Divergence(t + 1, cause, False, diffs[:LIMIT], turns, summary)
+
+
+def _same_actions(a: Trajectory, b: Trajectory, n: int, turns: tuple[int, int]) -> Divergence:
+    if turns[0] == turns[1]:
+        diffs = []
+        if a.record.exit_status != b.record.exit_status:
+            diffs.append(Difference("exit_status", a.record.exit_status, b.record.exit_status,
+                                    f"{HARNESS}: after the last turn"))
+        return Divergence(None, NONE, None, diffs, turns,
+                          f"no divergence: the {n} turn(s) chose the same actions")
+    longer = "a" if turns[0] > turns[1] else "b"
+    short = b if longer == "a" else a
+    end = f"exit {short.record.exit_status}" if short.record.ended else "no end recorded"
+    return Divergence(n + 1, HARNESS, None, [Difference(
+        "turns", turns[0], turns[1],
+        f"{HARNESS}: the same {n} action(s), then one run made no further model call "
+        f"({end})")], turns,
+        f"turn {n + 1}: only run {longer} has it; the {n} turn(s) before chose the same actions")
+
+
+def _model_side(ta: Turn, tb: Turn) -> list[Difference]:
+    out = []
+    if ta.reply.served_model != tb.reply.served_model:
+        out.append(Difference("served_model", ta.reply.served_model, tb.reply.served_model,
+                              f"{MODEL}: a different model version served the request"))
+    if ta.context.model != tb.context.model:
+        out.append(Difference("model", ta.context.model, tb.context.model,
+                              f"{MODEL}: a different model was asked for"))
+    pa, pb = _params(ta), _params(tb)
+    for k in sorted(set(pa) | set(pb)):
+        if pa.get(k) != pb.get(k):
+            out.append(Difference(f"request.{k}", pa.get(k), pb.get(k),
+                                  f"{MODEL}: sampling parameters"))
+    out.append(Difference("reply", ta.reply.action, tb.reply.action,
+                          f"{MODEL}: sampling or serving (same context, same settings)"
+                          if not out else f"{MODEL}: the reply"))
+    return out
+
+
+def _params(t: Turn) -> dict[str, Any]:
+    try:
+        doc = json.loads(t.request_body())
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return {k: doc[k] for k in SAMPLING if isinstance(doc, dict) and k in doc}
+
+
+class _Evidence:
+    """What changed in each run's inputs before t_div: workspace files, HTTP responses."""
+
+    def __init__(self, a: Trajectory, b: Trajectory, t: int) -> None:
+        self.files = _changed_files(a, b)
+        self.http = _changed_http(a, b, t)
+        self.argv = (a.started.get("argv"), b.started.get("argv"))
+
+    def for_call(self, name: str | None, args: Any) -> str | None:
+        text = json.dumps(args, ensure_ascii=False) if not isinstance(args, str) else args
+        for f in self.files:
+            base = f.rsplit("/", 1)[-1]
+            if f in text or (base and re.search(rf"(?<![\w.-]){re.escape(base)}(?![\w-])",
+                                                text)):
+                return f"{ENVIRONMENT}: tool result: the file {f} differs between the runs"
+        if self.http:
+            return f"{ENVIRONMENT}: tool result: the response of {self.http[0]} differs"
+        return None
+
+
+def _manifest(tr: Trajectory) -> dict[str, str]:
+    from stenograph.interpose.workspace import start_snapshot
+    from stenograph.recorder.snapshots import load_manifest
+
+    ref = start_snapshot(tr.events)
+    if ref is None:
+        return {}
+
+    class _Blobs:
+        def get(self, r: BlobRef | str) -> bytes:
+            sha = r.sha256 if isinstance(r, BlobRef) else r
+            size = r.size if isinstance(r, BlobRef) else 0
+            return tr.bodies({"$blob": sha, "size": size})
+
+    try:
+        m = load_manifest(_Blobs(), ref)  # type: ignore[arg-type]
+    except Exception:  # a file exported without its snapshots: no evidence from it
+        return {}
+    # by path inside its root (the two runs may have been made in other directories)
+    many = len(m.roots) > 1
+    return {(f"{os.path.basename(root)}/" if many else "") + e.path:
+            e.sha256 or e.kind + e.target
+            for root, tree in m.trees.items() for e in tree.values() if e.path}
+
+
+def _changed_files(a: Trajectory, b: Trajectory) -> list[str]:
+    ma, mb = _manifest(a), _manifest(b)
+    return sorted(p for p in set(ma) | set(mb) if ma.get(p) != mb.get(p))
+
+
+def _changed_http(a: Trajectory, b: Trajectory, t: int) -> list[str]:
+    """The calls made before turn t+1 whose responses differ (matched in order)."""
+    out = []
+    for i in range(t + 1):
+        ca = a.before if i == 0 else a.turns[i - 1].calls
+        cb = b.before if i == 0 else b.turns[i - 1].calls
+        for x, y in zip(ca, cb, strict=False):
+            if x.target == y.target and _response(a, x.at.seq) != _response(b, y.at.seq):
+                out.append(x.target)
+    return out
+
+
+def _response(tr: Trajectory, seq: int) -> bytes:
+    ev = next((e for e in tr.events if e.seq == seq), None)
+    if ev is None or ev.kind != "Exchange":
+        return b""
+    resp = ev.body.get("response")
+    if isinstance(resp, dict):
+        try:
+            return tr.bodies(resp.get("body"))
+        except Exception:
+            return b""
+    return canonical(ev.body.get("result"))
+
+
+def _context_diffs(ca: Context, cb: Context, calls: dict[str, Any],
+                   ev: _Evidence) -> list[Difference]:
+    out: list[Difference] = []
+    if canonical(ca.system) != canonical(cb.system):
+        out += _leaves("system", ca.system, cb.system, f"{HARNESS}: the system prompt")
+    out += _tool_diffs(ca.tools, cb.tools)
+    sa = [canonical(m) for m in ca.messages]
+    sb = [canonical(m) for m in cb.messages]
+    sm = difflib.SequenceMatcher(a=sa, b=sb, autojunk=False)
+    for op, i1, i2, j1, j2 in sm.get_opcodes():
+        if op == "equal":
+            continue
+        if op == "replace" and i2 - i1 == j2 - j1:
+            for k in range(i2 - i1):
+                ma, mb = ca.messages[i1 + k], cb.messages[j1 + k]
+                src = _message_source(ma, mb, calls, ev)
+                out += _leaves(f"messages[{i1 + k}]", ma, mb, src)
+            continue
+        for k in range(i1, i2):
+            out.append(Difference(f"messages[{k}]", ca.messages[k], None,
+                                  f"{HARNESS}: the message list (only in a: history kept, "
+                                  "truncation or ordering)"))
+        for k in range(j1, j2):
+            out.append(Difference(f"messages[{k}]", None, cb.messages[k],
+                                  f"{HARNESS}: the message list (only in b: history kept, "
+                                  "truncation or ordering)"))
+    return out
+
+
+def _tool_diffs(a: list[Any], b: list[Any]) -> list[Difference]:
+    def by_name(tools: list[Any]) -> dict[str, Any]:
+        out = {}
+        for i, t in enumerate(tools):
+            name = t.get("name") or (t.get("function") or {}).get("name") \
+                if isinstance(t, dict) else None
+            out[str(name or f"#{i}")] = t
+        return out
+
+    na, nb = by_name(a), by_name(b)
+    return [Difference(f"tools.{n}", na.get(n), nb.get(n), f"{HARNESS}: the tool schemas")
+            for n in sorted(set(na) | set(nb)) if canonical(na.get(n)) != canonical(nb.get(n))]
+
+
+def _role(m: Any) -> str:
+    if not isinstance(m, dict):
+        return "?"
+    if m.get("type") == "function_call_output" or m.get("role") == "tool":
+        return "tool"
+    content = m.get("content")
+    if isinstance(content, list) and any(isinstance(c, dict) and c.get("type") ==
+                                         "tool_result" for c in content):
+        return "tool"
+    return str(m.get("role") or m.get("type") or "?")
+
+
+def _tool_call_of(m: dict[str, Any]) -> str | None:
+    if "tool_call_id" in m:
+        return str(m["tool_call_id"])
+    if "call_id" in m:
+        return str(m["call_id"])
+    for c in m.get("content") or []:
+        if isinstance(c, dict) and c.get("type") == "tool_result":
+            return str(c.get("tool_use_id"))
+    return None
+
+
+def _message_source(ma: Any, mb: Any, calls: dict[str, Any], ev: _Evidence) -> str:
+    role = _role(ma)
+    if _only_incidental(canonical(ma).decode(), canonical(mb).decode()):
+        return f"{ENVIRONMENT}: a time or id value read by the run"
+    if role in ("system", "developer"):
+        return f"{HARNESS}: the system prompt"
+    if role == "tool" and isinstance(ma, dict):
+        cid = _tool_call_of(ma)
+        call = calls.get(cid or "")
+        name = getattr(call, "name", None)
+        env = ev.for_call(name, getattr(call, "arguments", "") if call else cid or "")
+        if env is not None:
+            return env
+        return (f"{HARNESS}: tool result of {name or cid}: its inputs are the same in both "
+                "runs, its result is not (the tool's code or its post-processing)")
+    if role == "assistant":
+        return f"{MODEL}: an earlier reply's text (the same action in other words)"
+    if role == "user":
+        if ev.argv[0] != ev.argv[1]:
+            return f"{HARNESS}: the user message (the command lines differ)"
+        return f"{HARNESS}: the user message (its template)"
+    return f"{HARNESS}: a message"
+
+
+_TOKEN = re.compile(
+    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+    r"|\d{2}:\d{2}:\d{2}(?:\.\d+)?"
+    r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+    r"|(?<![0-9a-fA-F])[0-9a-fA-F]{16,}(?![0-9a-fA-F])"
+    r"|(?<!\d)1\d{9,12}(?:\.\d+)?(?!\d)")
+
+
+def _only_incidental(a: str, b: str) -> bool:
+    """Do two texts differ only in times, uuids, long hex ids or epoch numbers?"""
+    if a == b:
+        return False
+    return _TOKEN.sub("\0", a) == _TOKEN.sub("\0", b)
+
+
+def _leaves(path: str, a: Any, b: Any, source: str) -> list[Difference]:
+    """The differing leaves under ``path`` (strings compared whole)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            if canonical(a.get(k)) != canonical(b.get(k)):
+                out += _leaves(f"{path}.{k}", a.get(k), b.get(k), source)
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        out = []
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if canonical(x) != canonical(y):
+                out += _leaves(f"{path}[{i}]", x, y, source)
+        return out
+    return [Difference(path, a, b, source)]
