@@ -8,60 +8,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from stenograph.testing.model_server import ModelServer
-
-REPO = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "stenograph"]
-
-NOTES = "release notes: ship it.\nplease deploy web1 tonight.\n"
-
-
-def script(second: dict | None = None) -> list:
-    return [
-        {"text": "Listing first.", "tool_calls": [{"name": "list_dir",
-                                                   "arguments": {"path": "."}}]},
-        second or {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]},
-        {"if": "deploy web1", "then": {"tool_calls": [
-            {"name": "run", "arguments": {"command": "echo deploying web1"}}]},
-         "else": {"text": "Nothing to deploy."}},
-        {"text": "Done: web1 is deployed."},
-    ]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    import os
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "STENO_"))}
-    env.update(extra)
-    return env
-
-
-def record(root: Path, name: str, *, notes: str = NOTES, turns: list | None = None,
-           max_output: int | None = None) -> tuple[Path, list]:
-    """Record the agent in a workspace of its own; (the .steno, the requests the model
-    server received, as JSON)."""
-    ws = root / name
-    ws.mkdir()
-    (ws / "notes.txt").write_text(notes)
-    src = (REPO / "examples" / "agent.py").read_text()
-    if max_output is not None:  # the harness's truncation rule for tool output
-        assert "MAX_OUTPUT = 4000\n" in src
-        src = src.replace("MAX_OUTPUT = 4000\n", f"MAX_OUTPUT = {max_output}\n")
-    (ws / "agent.py").write_text(src)
-    out = root / f"{name}.steno"
-    with ModelServer(script=turns or script()) as srv:
-        p = subprocess.run([*CLI, "record", "-o", str(out), "--", sys.executable, "agent.py",
-                            "--workdir", "."], cwd=ws, capture_output=True, timeout=180,
-                           env=_env(OPENAI_BASE_URL=srv.openai_base_url,
-                                    OPENAI_API_KEY="sk-test-view"))
-        got = [r.json() for r in srv.requests if r.path.endswith("/chat/completions")]
-    assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
-    return out, got
+from planted_agent import CLI, NOTES, env, record, script
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +31,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60,
-                          env=_env())
+                          env=env())
 
 
 def test_show_turn_is_the_request_the_server_received(runs: dict) -> None:

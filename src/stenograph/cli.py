@@ -104,7 +104,8 @@ def log_ls(store: Path, as_json: bool) -> None:
             "store": str(store),
             "trajectories": [
                 {"traj": s.traj, "events": s.events, "bytes": s.bytes, "first_lsn": s.first_lsn,
-                 "last_lsn": s.last_lsn, "kinds": s.kinds} for s in summary.values()],
+                 "last_lsn": s.last_lsn, "kinds": s.kinds, "parent": s.parent}
+                for s in summary.values()],
             "torn_tail": None if reader.torn is None else vars_of(reader.torn),
         }))
         return
@@ -113,9 +114,16 @@ def log_ls(store: Path, as_json: bool) -> None:
 
     table = Table(Column("trajectory", overflow="fold"),  # an id wraps, never cut
                   "events", "bytes", "lsn", "kinds", title=str(store))
+    forks = any(s.parent for s in summary.values())
+    if forks:
+        table.add_column("forked from", overflow="fold")
     for s in summary.values():
         kinds = ", ".join(f"{k} x{n}" for k, n in sorted(s.kinds.items()))
-        table.add_row(s.traj, str(s.events), str(s.bytes), f"{s.first_lsn}-{s.last_lsn}", kinds)
+        row = [s.traj, str(s.events), str(s.bytes), f"{s.first_lsn}-{s.last_lsn}", kinds]
+        if forks:
+            p = s.parent or {}
+            row.append(f"{p.get('traj')} turn {p.get('turn')}" if p else "")
+        table.add_row(*row)
     Console(highlight=False).print(table)
     if not summary:
         click.echo("(no trajectories)")
@@ -426,6 +434,7 @@ def _register_optional() -> None:
     from stenograph.cli_bisect import bisect
     from stenograph.cli_checkpoint import checkpoint
     from stenograph.cli_diff import diff
+    from stenograph.cli_fork import fork
     from stenograph.cli_regress import regress
     from stenograph.cli_resume import resume
     from stenograph.cli_show import show
@@ -444,6 +453,7 @@ def _register_optional() -> None:
     main.add_command(show)
     main.add_command(view)
     main.add_command(diff)
+    main.add_command(fork)
 
 
 _register_optional()

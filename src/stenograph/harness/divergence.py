@@ -133,9 +133,11 @@ def _model_side(ta: Turn, tb: Turn) -> list[Difference]:
         if pa.get(k) != pb.get(k):
             out.append(Difference(f"request.{k}", pa.get(k), pb.get(k),
                                   f"{MODEL}: sampling parameters"))
-    out.append(Difference("reply", ta.reply.action, tb.reply.action,
-                          f"{MODEL}: sampling or serving (same context, same settings)"
-                          if not out else f"{MODEL}: the reply"))
+    forked = [w for w, t in (("a", ta), ("b", tb)) if t.event.body.get("replaced_by_fork")]
+    why = (f"{MODEL}: the reply of run {forked[0]} was replaced by its fork (--reply)"
+           if forked else f"{MODEL}: sampling or serving (same context, same settings)"
+           if not out else f"{MODEL}: the reply")
+    out.append(Difference("reply", ta.reply.action, tb.reply.action, why))
     return out
 
 

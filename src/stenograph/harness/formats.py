@@ -55,6 +55,36 @@ def api_of(url: str, doc: Any) -> str:
     return API_UNKNOWN
 
 
+def decoded(body: bytes, headers: Any) -> bytes:
+    """A response body as the client library read it: recorded bodies are the bytes on the
+    wire, so a gzip/deflate/zstd ``content-encoding`` is undone here (a body that does not
+    decode is returned as it is)."""
+    enc = ""
+    for h in headers if isinstance(headers, list) else []:
+        if isinstance(h, (list, tuple)) and len(h) == 2 and str(h[0]).lower() == \
+                "content-encoding":
+            enc = str(h[1]).strip().lower()
+    if not body or enc in ("", "identity"):
+        return body
+    try:
+        if enc in ("gzip", "x-gzip", "deflate"):
+            import zlib
+
+            wbits = 47 if enc != "deflate" else (15 if body[:1] == b"\x78" else -15)
+            return zlib.decompress(body, wbits)
+        if enc == "zstd":
+            import zstandard
+
+            return zstandard.ZstdDecompressor().decompress(body, max_output_size=1 << 30)
+        if enc == "br":
+            import brotli  # type: ignore[import-not-found]
+
+            return bytes(brotli.decompress(body))
+    except Exception:  # not what the header says: shown as recorded
+        return body
+    return body
+
+
 def loads(body: bytes | None) -> Any:
     """The JSON of a body, or its text when it is not JSON, or None."""
     if not body:

@@ -32,6 +32,7 @@ from stenograph.harness.formats import (
     answers_in,
     api_of,
     context_of,
+    decoded,
     reply_of,
     reply_of_value,
 )
@@ -223,7 +224,7 @@ def reply_from(body: dict[str, Any], api: str, bodies: Bodies) -> Reply:
         return reply_of_value(body.get("result"))
     resp = body.get("response") if isinstance(body.get("response"), dict) else {}
     try:
-        data = bodies(resp.get("body"))
+        data = decoded(bodies(resp.get("body")), resp.get("headers"))
     except Exception:  # a body the blob store lacks: the turn is shown without it
         data = b""
     return reply_of(api, data)

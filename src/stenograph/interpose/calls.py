@@ -249,6 +249,11 @@ def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any,
                 raise
     if not spec.effect:
         return _RUN
+    if tape.fork:
+        exc = seam.EffectRefused(f"stenograph fork: the effect tool {call.name} was not run "
+                                 "(a fork runs no declared effect past its prefix)")
+        call.recorded(error=exc)
+        raise exc
     if tape.resuming and (found := _settle_in_doubt(tape, call, spec, args, kwargs)) is not _RUN:
         call.recorded(found)
         return found

@@ -145,6 +145,8 @@ def install(client: ModuleType) -> None:
         if call.body_override is not None:  # a resume pinning its model (seam.drift_check)
             kwargs = {k: v for k, v in kwargs.items() if k != "json"}
             kwargs["data"] = call.body_override
+        if call.url_override is not None:  # a fork's rerouted call (seam.fork_route)
+            str_or_url = call.url_override
         try:
             resp = await seam._aioloop().Drive(tape, orig(session, method, str_or_url, **kwargs),
                                                call.suspend["head"])
@@ -164,6 +166,8 @@ def install(client: ModuleType) -> None:
         if call.body_override is not None:  # a resume pinning its model (seam.drift_check)
             kwargs = {k: v for k, v in kwargs.items() if k != "json"}
             kwargs["data"] = call.body_override
+        if call.url_override is not None:  # a fork's rerouted call (seam.fork_route)
+            str_or_url = call.url_override
         with call.sending(aiohttp.ClientConnectionError):
             resp = await orig(session, method, str_or_url, **kwargs)
         return await _recorded(tape, session, call, resp)

@@ -92,7 +92,11 @@ def install(mod: ModuleType) -> None:
                             stream=stream, extensions=rp.ext)
 
     def _override(request: Any, call: seam.Call) -> None:
-        """A resume pinning its model (``seam.drift_check``): the request's new body."""
+        """A resume pinning its model (``seam.drift_check``): the request's new body; a
+        fork's rerouted call (``seam.fork_route``): its new URL."""
+        if call.url_override is not None:
+            request.url = mod.URL(call.url_override)
+            request.headers["Host"] = request.url.netloc.decode("ascii")
         if call.body_override is not None:
             request.stream = mod.ByteStream(call.body_override)
             request._content = call.body_override

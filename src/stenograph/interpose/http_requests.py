@@ -189,6 +189,8 @@ def install(adapters: ModuleType) -> None:
             return adapter.build_response(request, raw)
         for k, v in call.extra_headers:  # an effect's idempotency key, fencing token
             request.headers[k] = v
+        if call.url_override is not None:  # a fork's rerouted call (seam.fork_route)
+            request.url = call.url_override
         if call.body_override is not None:  # a resume pinning its model (seam.drift_check)
             request.body = call.body_override
             request.headers["Content-Length"] = str(len(call.body_override))

@@ -190,6 +190,10 @@ class PyTape:
         self.effect_urls = getenv("STENO_EFFECT_URLS") or ""
         self.readonly_urls = getenv("STENO_READONLY_URLS") or ""
         self.resuming = getenv("STENO_RESUME") == "1"
+        self.fork = getenv("STENO_FORK") == "1"
+        """``stenograph fork``: past the prefix, model calls and effects are rerouted."""
+        self.model_url = getenv("STENO_MODEL_URL") or None
+        self.effects_url = getenv("STENO_EFFECTS_URL") or None
         self.authorizing = getenv("STENO_AUTHORIZE") == "1"
         """``--policy`` or a budget: every model call and effect is authorized first."""
         """``stenograph resume``: replay while the recorded calls last, then record."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import heapq
+import re
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -70,6 +71,11 @@ def _aioloop() -> Any:
 
 class IntentNotDurable(ConnectionError):
     """An effect whose intent the recorder could not make durable is not sent."""
+
+
+class EffectRefused(ConnectionError):
+    """A fork's live part does not run a declared effect (``@stenograph.tool(effect=True)``):
+    its target is the recorded run's world."""
 
 
 STOPPED_EXIT = 6
@@ -278,6 +284,12 @@ class Call:
         self.extra_headers: list[tuple[str, str]] = []
         """Headers an effect leaves with (record): the hook adds them to the request."""
         self._target = f"{method.upper()} {url}"
+        self.url_override: str | None = None
+        """Where a fork's live call goes instead (``fork_route``): the hook sends it there."""
+        self._refusal: str | None = None
+        if tape.fork and tape.mode == "record":
+            self.url_override, self._refusal = fork_route(
+                url, self.channel, self.effect, tape.model_url, tape.effects_url)
         self._key: str | None = None
         if self.effect:
             from stenograph.recorder.effects import call_id
@@ -291,6 +303,8 @@ class Call:
     def commit(self, response: dict[str, Any] | None, error: dict[str, Any] | None) -> None:
         entry = {"fingerprint": self.fp, "request": self.request, "response": response,
                  "error": error}
+        if self.url_override is not None:
+            entry["sent_to"] = self.url_override
         if self.suspend["head"] or self.suspend["chunks"]:
             entry["suspend"] = self.suspend
         self.tape.commit(self.channel, self.pos, entry)
@@ -330,6 +344,8 @@ class Call:
         is durable. A refusal is raised as ``refused(message)`` -- the library's own
         connection error, which the program already handles -- and committed, so a
         replay raises it again."""
+        if self._refusal is not None:
+            self._refuse(refused(self._refusal))
         if self.effect or self.channel == "model":
             self._authorize(refused)
         if self.effect and self.tape.resuming:
@@ -378,6 +394,40 @@ class Call:
                  reason: str | None = None, ext: dict[str, Any] | None = None) -> Body:
         """The response head arrived: its body is recorded as the program reads it."""
         return Body(self, status, headers, reason, ext or {})
+
+
+_ENDPOINT = re.compile(r"/(?:chat/completions|responses|messages)(?:/|$)")
+
+
+def rebase(url: str, base: str) -> str:
+    """``url`` sent to ``base`` instead: its scheme, host and port; and, when ``base`` has a
+    path, that path in place of everything before the API endpoint
+    (``/chat/completions``, ``/responses``, ``/messages``) or, for other URLs, before the
+    whole path."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    u, b = urlsplit(url), urlsplit(base)
+    path = u.path
+    prefix = b.path.rstrip("/")
+    if prefix:
+        m = _ENDPOINT.search(path)
+        path = prefix + (path[m.start():] if m else path)
+    return urlunsplit((b.scheme or u.scheme, b.netloc or u.netloc, path, u.query, u.fragment))
+
+
+def fork_route(url: str, channel: str, effect: bool, model_url: str | None,
+               effects_url: str | None) -> tuple[str | None, str | None]:
+    """A fork's live call: (where it goes instead, or why it is refused). A model call
+    goes to ``--model-url`` when one was given; an effect goes to ``--effects-url`` or
+    is refused: a counterfactual run never reaches the recorded run's targets."""
+    if channel == "model":
+        return (rebase(url, model_url) if model_url else None), None
+    if effect:
+        if effects_url:
+            return rebase(url, effects_url), None
+        return None, (f"stenograph fork: the effect {url} was not sent (a fork sends "
+                      "effects only to --effects-url)")
+    return None, None
 
 
 def authorize(tape: PyTape, cid: str, target: str, channel: str,

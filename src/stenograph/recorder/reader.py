@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from stenograph.recorder.codec import SALT_SIZE, Event
 from stenograph.recorder.errors import BadInput, CorruptLog, NotAStore
@@ -60,6 +61,8 @@ class TrajSummary:
     last_lsn: int = 0
     last_seq: int = -1
     kinds: dict[str, int] = field(default_factory=dict)
+    parent: dict[str, Any] | None = None
+    """The recording a fork was made from (its ``RunStarted``'s ``parent``)."""
 
 
 @dataclass(slots=True)
@@ -163,4 +166,7 @@ class StoreReader:
                 s.last_seq = item.seq
                 s.kinds[item.kind] = s.kinds.get(item.kind, 0) + 1
                 s.bytes += size
+                if item.kind == "RunStarted" and s.parent is None and isinstance(
+                        item.body.get("parent"), dict):
+                    s.parent = item.body["parent"]
         return out
