@@ -77,7 +77,7 @@ __attribute__((constructor)) static void shim_init(void) {
     g_mode = m;
     g_virt = m == MODE_REPLAY;
     g_resume = g_resume && m == MODE_REPLAY;
-    g_build = g_build && m == MODE_REPLAY && !g_resume;
+    g_build = g_build && m == MODE_REPLAY; /* with g_resume: a fork of another build */
     if (g_build) g_lenient = g_clock_shift = 1;
     if (m != MODE_OFF) install_filters();
     g_inited = 1;

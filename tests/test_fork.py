@@ -79,6 +79,36 @@ def test_fork_with_a_reply_runs_live_and_points_to_its_parent(
     assert d["t_div"] == 2 and d["cause"] == "model" and "fork" in d["differences"][-1]["source"]
 
 
+def test_fork_of_another_build(base: tuple[Path, list], tmp_path: Path) -> None:
+    """Would the new truncation rule have saved it? The agent with tool output cut at 20
+    characters, forked at turn 3: its prefix build-replays (the same calls), its turn 3
+    request goes live with the shorter tool result, and the model's answer changes."""
+    steno, _ = base
+    src = (steno.parent / "base" / "agent.py").read_text()
+    new = tmp_path / "agent_new.py"
+    new.write_text(src.replace("MAX_OUTPUT = 4000\n", "MAX_OUTPUT = 20\n"))
+    out = tmp_path / "rule.steno"
+    with ModelServer(script=script()) as srv:
+        p = cli("fork", str(steno), "--at", "3", "--model-url", srv.openai_base_url,
+                "-o", str(out), "--json", "--", sys.executable, str(new), "--workdir", ".")
+        live = [r.json() for r in srv.requests if r.path.endswith("/chat/completions")]
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    assert doc["turns"] == 3 and doc["live_turns"] == 1 and len(live) == 1
+    assert live[0]["messages"][-1]["content"] == "release notes: ship "
+    assert "harness" in doc["parent"]["change"]
+    d = json.loads(cli("diff", str(steno), str(out), "--json").stdout)
+    assert d["t_div"] == 3 and d["cause"] == "harness"
+    # a build whose prefix makes other calls (another system prompt) is refused
+    other = tmp_path / "agent_other.py"
+    other.write_text(src.replace("You are a careful agent.", "You are a hasty agent."))
+    bad = tmp_path / "bad.steno"
+    p = cli("fork", str(steno), "--at", "3", "--model-url", "http://127.0.0.1:9/v1",
+            "-o", str(bad), "--", sys.executable, str(other), "--workdir", ".")
+    assert p.returncode == 1 and "did not replay" in p.stderr, p.stderr[-2000:]
+    assert "turn" in p.stderr and not bad.exists()
+
+
 def _record_effect_agent(root: Path, svc: EffectService) -> Path:
     ws = root / "eff"
     ws.mkdir()

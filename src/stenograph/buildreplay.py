@@ -84,7 +84,7 @@ def _outermost(paths: Iterable[str]) -> list[str]:
     return out
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     out = []
@@ -137,7 +137,7 @@ def drift_counts(tape: Path) -> tuple[dict[str, int], list[dict[str, Any]]]:
                 first.append({"proc": kv.get("proc"), "thread": kv.get("thread"),
                               "channel": kv.get("channel"), "position": kv.get("pos"),
                               "recorded": kv.get("recorded"), "asked": kv.get("asked")})
-    masked = len(_jsonl(tape / "build-masked.jsonl"))
+    masked = len(read_jsonl(tape / "build-masked.jsonl"))
     if masked:
         counts["request values"] = masked
     return counts, first
@@ -148,12 +148,12 @@ def report(file: str, tape: Path, events: Sequence[Event], ended: Mapping[str, A
     """The build replay's verdict: semantic divergences, drift counts, exit status."""
     turns = _turns(events)
     divs: list[dict[str, Any]] = []
-    for d in _jsonl(tape / "build-divergence.jsonl"):
+    for d in read_jsonl(tape / "build-divergence.jsonl"):
         divs.append({"turn": d.get("turn"), "channel": d.get("channel"), "call": d.get("call"),
                      "kind": d.get("kind"), "proc": d.get("proc"),
                      "nearest": d.get("nearest"), "diff": d.get("diff") or []})
     served: dict[tuple[str, str], set[int]] = {}
-    for s in _jsonl(tape / "build-served.jsonl"):
+    for s in read_jsonl(tape / "build-served.jsonl"):
         if isinstance(s.get("pos"), int):
             served.setdefault((str(s.get("proc")), str(s.get("channel"))), set()).add(s["pos"])
     if not divs:

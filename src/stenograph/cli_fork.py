@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -25,10 +26,12 @@ from urllib.parse import urlsplit
 
 import click
 
+from stenograph import buildreplay
 from stenograph.cli_checks import input_file, output_file
 from stenograph.cli_run import (
     _exit_code,
     _Flusher,
+    _here,
     _shim_env,
     _stalls,
     replay_env,
@@ -79,13 +82,17 @@ def _url(value: str | None, name: str) -> str | None:
               help="Where the live effects go (a test service); without it they are "
               "refused, never sent to the recorded targets.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def fork(file: str, at: int, output: str, reply_file: str | None, model_url: str | None,
-         effects_url: str | None, as_json: bool) -> None:
+         effects_url: str | None, as_json: bool, cmd: tuple[str, ...]) -> None:
     """Fork a recording at turn N: replay the prefix sealed, change one thing, go live.
 
     The prefix (everything the program did before its N-th model request) is served
     from the tape. At turn N the model's reply is replaced (--reply) or the request goes
-    to another endpoint (--model-url); from there the program runs live in the sandbox:
+    to another endpoint (--model-url), or another build of the harness runs (-- CMD:
+    its prefix is build-replayed, so it must make the same model and tool calls up to
+    turn N, and its N-th request is sent live); from there the program runs live in the
+    sandbox:
     the recorded workspace as an overlay, /tmp private, effects to --effects-url or
     refused. The fork is a new recording; its header points to its parent, and `show`,
     `view` and `log ls` print that pointer.
@@ -94,13 +101,18 @@ def fork(file: str, at: int, output: str, reply_file: str | None, model_url: str
     Examples:
       stenograph fork run.steno --at 6 --reply better.json -o what-if.steno
       stenograph fork run.steno --at 6 --model-url http://127.0.0.1:8000/v1 -o m2.steno
+      stenograph fork run.steno --at 6 -o new-rule.steno -- python agent.py
       stenograph show what-if.steno
     """
     input_file(file)
     out = output_file(output, inputs=(Path(file),))
     model_url, effects_url = _url(model_url, "--model-url"), _url(effects_url, "--effects-url")
-    if reply_file is None and model_url is None:
-        raise BadInput("say what changes at turn N: --reply FILE and/or --model-url URL")
+    if reply_file is None and model_url is None and not cmd:
+        raise BadInput("say what changes at turn N: --reply FILE, --model-url URL, or the "
+                       "harness build (-- CMD)")
+    if cmd and reply_file is not None:
+        raise BadInput("--reply and -- CMD do not mix: a fork changes one thing (the new "
+                       "build's request at turn N is sent live)")
     reply: Any = None
     if reply_file is not None:
         input_file(reply_file, "a reply file")
@@ -115,18 +127,25 @@ def fork(file: str, at: int, output: str, reply_file: str | None, model_url: str
     if str(started.get("shim") or "?").partition("/")[0] != str(PROTOCOL):
         raise BadInput(f"recorded with shim protocol {started.get('shim')}; this stenograph "
                        f"speaks {PROTOCOL}", file)
+    argv = _here(list(cmd), started.get("cwd")) if cmd else None
     change = " and ".join(x for x in (
         f"reply from {Path(reply_file).name}" if reply_file else "",
-        f"model at {model_url}" if model_url else "") if x)
+        f"model at {model_url}" if model_url else "",
+        f"harness {shlex.join(argv)}" if argv else "") if x)
     fp = forking.plan(tr, os.path.abspath(file), at, change)
     extra: list[dict[str, Any]] = []
     if reply is not None:
         extra.append(forking.reply_entry(fp.turn_event, reply, rec.body, file))
-    outcome = _run(rec, fp, extra, out, model_url, effects_url, as_json)
+    outcome = _run(rec, fp, extra, out, model_url, effects_url, as_json, argv)
     doc = {"fork": str(out), "parent": fp.parent, **outcome}
     if as_json:
         click.echo(json.dumps(doc, sort_keys=True, default=str))
     if "divergences" in outcome:
+        for d in outcome["divergences"][:5]:
+            what = {k: d[k] for k in ("turn", "channel", "call", "kind", "proc", "thread",
+                                      "position", "recorded", "asked") if k in d}
+            click.echo(f"stenograph: divergence: {json.dumps(what, default=str)[:400]}",
+                       err=True)
         raise ReplayDiverged(f"the prefix before turn {at} did not replay (the recording "
                              "and this machine disagree); no fork was written", file)
     click.echo(f"stenograph: forked {file} at turn {at} ({change}): {out}, "
@@ -141,8 +160,12 @@ def _traj_name(parent: str, turn: int) -> str:
 
 
 def _run(rec: Any, fp: forking.ForkPlan, extra: list[dict[str, Any]], out: Path,
-         model_url: str | None, effects_url: str | None, as_json: bool) -> dict[str, Any]:
+         model_url: str | None, effects_url: str | None, as_json: bool,
+         argv: list[str] | None) -> dict[str, Any]:
+    """The fork run: the prefix into a private store, the program under the shim (resume
+    mode; build mode too for another build), the result exported."""
     started = next(e.body for e in fp.prefix if e.kind == "RunStarted")
+    recorded_argv = [str(a) for a in started["argv"]]
     ended = next((e.body for e in rec.events if e.kind == "RunEnded"), {})
     traj = _traj_name(rec.traj, fp.turn)
     sweep_dead_sockets()
@@ -156,7 +179,10 @@ def _run(rec: Any, fp: forking.ForkPlan, extra: list[dict[str, Any]], out: Path,
             for data in rec.blobs.values():
                 blobs.put(data)
             for ev in fp.prefix:
-                body = {**ev.body, "parent": fp.parent} if ev.kind == "RunStarted" else ev.body
+                body = ev.body
+                if ev.kind == "RunStarted":  # another build: its replays run that command
+                    body = {**body, "parent": fp.parent, **(
+                        {"argv": argv, "build_of": recorded_argv} if argv else {})}
                 s.append(traj, ev.kind, body, durable=False)
             s.flush()
             cut = s.next_seq(traj) - 1
@@ -173,8 +199,14 @@ def _run(rec: Any, fp: forking.ForkPlan, extra: list[dict[str, Any]], out: Path,
             snap = start_snapshot(fp.prefix)
             if snap is not None:
                 mb = MapBlobs(rec.blobs)
-                mounts = prepare_workspace(load_manifest(mb, snap), mb,
-                                           recorded_rules(started), tape / "ws", live=[])
+                manifest = load_manifest(mb, snap)
+                live: list[str] = []
+                if argv:  # the build's code is the one on disk now
+                    live = [a for a in argv if os.path.exists(a)] + buildreplay.code_paths(
+                        {r: manifest.trees.get(r, {}) for r in manifest.roots},
+                        recorded_rules(started), buildreplay.CODE_GLOBS)
+                mounts = prepare_workspace(manifest, mb, recorded_rules(started),
+                                           tape / "ws", live=live)
             session = RecordSession(s, traj, sock_dir / "tape.sock")
             exchanges = ExchangeServer(s, traj, sock_dir / "py.sock",
                                        before_append=session.drain_all)
@@ -189,7 +221,11 @@ def _run(rec: Any, fp: forking.ForkPlan, extra: list[dict[str, Any]], out: Path,
                 settings["STENO_MODEL_URL"] = model_url
             if effects_url:
                 settings["STENO_EFFECTS_URL"] = effects_url
-            if started.get("asyncio"):
+            if argv:
+                settings["STENO_BUILD"] = "1"
+                if argv != recorded_argv:
+                    settings["STENO_EDITED"] = "1"
+            elif started.get("asyncio"):
                 settings["STENO_ASYNCIO"] = "1"
             cwd = started.get("cwd")
             stage = tape / ".seal"
@@ -206,7 +242,7 @@ def _run(rec: Any, fp: forking.ForkPlan, extra: list[dict[str, Any]], out: Path,
             t0 = time.monotonic()
             try:
                 result = run_under_shim(
-                    [str(a) for a in started["argv"]], _shim_env(env, "replay", **settings),
+                    argv or recorded_argv, _shim_env(env, "replay", **settings),
                     cwd=cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None,
                     passthrough=not as_json, seal=seal)
             finally:
@@ -215,9 +251,11 @@ def _run(rec: Any, fp: forking.ForkPlan, extra: list[dict[str, Any]], out: Path,
                 stats = session.close()
             outcome: dict[str, Any] = {"seconds": round(time.monotonic() - t0, 3),
                                        "status": result.status, "traj": traj}
-            divs = [d for d in read_divergences(tape) if d.kind == "divergence"]
+            divs = [d.to_json() for d in read_divergences(tape) if d.kind == "divergence"]
+            if argv:  # another build: the prefix is judged as a build replay judges it
+                divs += buildreplay.read_jsonl(tape / "build-divergence.jsonl")
             if divs:
-                outcome["divergences"] = [d.to_json() for d in divs]
+                outcome["divergences"] = divs
                 return outcome
             s.append(traj, "RunEnded", {
                 **run_ended(result, stats, exchanges, None, _stalls(sock_dir / "stalls")),

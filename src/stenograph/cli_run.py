@@ -668,6 +668,9 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         if kw.exists() and (not kw.is_dir() or any(kw.iterdir())):
             raise BadInput("--keep-writes: not an empty directory", keep_writes)
     started, ended, events, blobs = _load(file)
+    if started.get("build_of") and not build:
+        raise BadInput("a fork of another build (its prefix was recorded by the parent's "
+                       "build): replay it with --build", file)
     recorded = str(started.get("shim") or "?").partition("/")[0]
     old_tape = recorded != str(PROTOCOL)
     if old_tape and not build:
