@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/resume.py
 	$(BIN)/python bench/build_replay.py
 	$(BIN)/python bench/bisect_run.py
+	$(BIN)/python bench/view.py
 
 soak: $(STAMP)
 	STENO_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q tests/test_fuzz_readers.py

@@ -25,7 +25,33 @@ from stenograph.recorder.segment import TRAJ_MAGIC, WAL_MAGIC
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(context_settings=CONTEXT)
+LAZY = {
+    "record": "cli_run", "replay": "cli_run", "bisect": "cli_bisect",
+    "checkpoint": "cli_checkpoint", "resume": "cli_resume", "regress": "cli_regress",
+    "status": "cli_status", "settle": "cli_status", "approve": "cli_status",
+    "deny": "cli_status", "deliver": "cli_status", "show": "cli_show", "view": "cli_view",
+    "diff": "cli_diff", "fork": "cli_fork",
+}
+"""Commands that live in their own modules: ``stenograph.<module>.<command>``."""
+
+
+class LazyGroup(click.Group):
+    """Imports a command's module only when that command runs (or help lists it): a
+    ``stenograph show`` does not pay for the recorder's and the bisect's imports."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in LAZY and name not in self.commands:
+            import importlib
+
+            mod = importlib.import_module(f"stenograph.{LAZY[name]}")
+            self.add_command(getattr(mod, name.replace("-", "_")), name)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="stenograph")
 def main() -> None:
     """Record an agent run to a durable log; replay it offline, bit for bit.
@@ -35,7 +61,9 @@ def main() -> None:
     a trajectory file (.steno) is one trajectory exported from a store.
     \b
     Exit codes: 0 ok, 1 replay diverged, 2 usage or unreadable input,
-    3 corrupt log, 4 an in-doubt action needs a person, 5 a write the disk refused.
+    3 corrupt log, 4 an in-doubt action needs a person, 5 paused for an approval,
+    6 stopped by policy or budget, 7 a write the system refused, 8 lease lost.
+    record, resume and fork otherwise exit with the program's own status.
     """
 
 
@@ -423,40 +451,6 @@ def gc_cmd(store: Path, dry_run: bool, as_json: bool) -> None:
         _err_console().print(f"note: {n}")
 
 
-def _register_optional() -> None:
-    """Commands that live in their own modules (record/replay)."""
-    try:
-        from stenograph.cli_run import record, replay
-    except ImportError:
-        return
-    main.add_command(record)
-    main.add_command(replay)
-    from stenograph.cli_bisect import bisect
-    from stenograph.cli_checkpoint import checkpoint
-    from stenograph.cli_diff import diff
-    from stenograph.cli_fork import fork
-    from stenograph.cli_regress import regress
-    from stenograph.cli_resume import resume
-    from stenograph.cli_show import show
-    from stenograph.cli_status import approve, deliver, deny, settle, status
-    from stenograph.cli_view import view
-
-    main.add_command(bisect)
-    main.add_command(checkpoint)
-    main.add_command(resume)
-    main.add_command(regress)
-    main.add_command(status)
-    main.add_command(settle)
-    main.add_command(approve)
-    main.add_command(deny)
-    main.add_command(deliver)
-    main.add_command(show)
-    main.add_command(view)
-    main.add_command(diff)
-    main.add_command(fork)
-
-
-_register_optional()
 
 
 def fail(message: str, code: int) -> NoReturn:
