@@ -2,8 +2,9 @@
 
 Every failure the user can cause prints one line,
 ``stenograph: error: <what> (<where>)``, and exits with its documented code:
-0 ok, 1 replay diverged, 2 usage or unreadable input, 3 corrupt log,
-4 an in-doubt action needs a person, 5 a write the disk refused (full, read-only).
+0 ok, 1 replay diverged, 2 usage or unreadable input, 3 corrupt log, 4 an in-doubt
+action needs a person, 5 paused, 6 stopped, 7 a write the system refused, 8 lease lost
+(``recorder/errors.py``). Commands are imported when they run (``LazyGroup``).
 """
 
 from __future__ import annotations
