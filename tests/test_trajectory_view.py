@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,50 @@ def test_show_refuses_a_fifo_and_a_missing_file(tmp_path: Path) -> None:
         p = cli("show", str(path))
         assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     fifo.unlink()  # (shutil.rmtree would open it, and block)
+
+
+MODEL_PROGRAM = '''
+import json
+
+import stenograph
+
+@stenograph.model
+def llm(messages, model="local-7b"):
+    if "weather" in messages[-1]["content"]:
+        return {"model": "local-7b", "usage": {"prompt_tokens": 12, "completion_tokens": 3},
+                "choices": [{"finish_reason": "tool_calls", "message": {
+                    "role": "assistant", "content": None, "tool_calls": [{
+                        "id": "c1", "type": "function", "function": {
+                            "name": "weather",
+                            "arguments": json.dumps({"city": "Paris"})}}]}}]}
+    return "It is sunny in Paris."
+
+@stenograph.tool
+def weather(city):
+    return f"sunny in {city}"
+
+msgs = [{"role": "user", "content": "what is the weather?"}]
+r = llm(messages=msgs)
+weather("Paris")  # a harness that does not hand the result back in the next request
+print(llm(messages=[{"role": "user", "content": "and now?"}]))
+'''
+
+
+def test_show_of_stenograph_model_calls(tmp_path: Path) -> None:
+    prog = tmp_path / "prog.py"
+    prog.write_text(MODEL_PROGRAM)
+    out = tmp_path / "m.steno"
+    p = subprocess.run([*CLI, "record", "-o", str(out), "--", sys.executable, str(prog)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env())
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(cli("show", str(out), "--json").stdout)
+    assert [t["turn"] for t in doc["turns"]] == [1, 2]
+    t1 = json.loads(cli("show", str(out), "--turn", "1", "--json").stdout)
+    assert t1["context"]["api"] == "stenograph.model"
+    assert t1["request"]["body"]["kwargs"]["messages"][0]["content"] == "what is the weather?"
+    assert t1["tool_calls"] == [{"id": "c1", "name": "weather", "arguments": {"city": "Paris"}}]
+    assert t1["usage"] == {"input_tokens": 12, "output_tokens": 3}
+    assert t1["tool_results"][0]["content"] == "sunny in Paris"
+    assert t1["tool_results"][0]["source"].startswith("tool call")
+    t2 = json.loads(cli("show", str(out), "--turn", "2", "--json").stdout)
+    assert t2["reply"]["text"] == "It is sunny in Paris."

@@ -67,9 +67,29 @@ def request_doc(t: Turn) -> dict[str, Any]:
             "body": loads(t.request_body())}
 
 
+def _from_tools(tr: Trajectory, t: Turn) -> dict[str, Any]:
+    """Tool-call id -> (result, source) for the calls of ``t`` that the next request does
+    not answer (the last turn, a harness that keeps no history), from the turn's own
+    ``stenograph.tool`` calls, matched by name in order."""
+    answered = {a.call_id for a in t.results}
+    by_seq = {e.seq: e for e in tr.events}
+    made = [by_seq.get(c.at.seq) for c in t.calls if c.target.startswith("tool ")]
+    out: dict[str, Any] = {}
+    for call in t.reply.tool_calls:
+        if call.id in answered:
+            continue
+        for i, ev in enumerate(made):
+            if ev is not None and ev.body.get("request", {}).get("url") == f"tool:{call.name}":
+                out[call.id] = (ev.body.get("result"), f"tool call {ev.body.get('pos')}")
+                made[i] = None
+                break
+    return out
+
+
 def turn_doc(tr: Trajectory, t: Turn, cps: list[CheckpointInfo]) -> dict[str, Any]:
     cp = nearest_checkpoint(cps, t.index)
     results = {a.call_id: a for a in t.results}
+    own = _from_tools(tr, t)
     return {
         "turn": t.index,
         "turns": len(tr.turns),
@@ -79,11 +99,7 @@ def turn_doc(tr: Trajectory, t: Turn, cps: list[CheckpointInfo]) -> dict[str, An
                     "messages": len(t.context.messages), "tools": len(t.context.tools)},
         "reply": t.reply.to_json(),
         "tool_calls": [c.to_json() for c in t.reply.tool_calls],
-        "tool_results": [{"call_id": c.id, "name": c.name,
-                          "content": results[c.id].content if c.id in results else None,
-                          "is_error": results[c.id].is_error if c.id in results else None,
-                          "source": "next request" if c.id in results else None}
-                         for c in t.reply.tool_calls],
+        "tool_results": [_result(c.id, c.name, results, own) for c in t.reply.tool_calls],
         "calls": [c.to_json() for c in t.calls],
         "approvals": t.approvals,
         "usage": {"input_tokens": t.reply.input_tokens,
@@ -94,6 +110,19 @@ def turn_doc(tr: Trajectory, t: Turn, cps: list[CheckpointInfo]) -> dict[str, An
                                                "turn": cp.turn, "lsn": cp.lsn},
         "tape": {**t.at.to_json(), "channel": "model"},
     }
+
+
+def _result(cid: str, name: str, results: dict[str, Any], own: dict[str, Any]
+            ) -> dict[str, Any]:
+    if cid in results:
+        a = results[cid]
+        return {"call_id": cid, "name": name, "content": a.content, "is_error": a.is_error,
+                "source": "next request"}
+    if cid in own:
+        value, src = own[cid]
+        return {"call_id": cid, "name": name, "content": value, "is_error": None,
+                "source": src}
+    return {"call_id": cid, "name": name, "content": None, "is_error": None, "source": None}
 
 
 def summary_doc(rec: Recording, tr: Trajectory) -> dict[str, Any]:
