@@ -11,7 +11,7 @@ import click
 from stenograph.cli_checks import input_file
 from stenograph.harness.formats import loads
 from stenograph.harness.source import Recording, open_recording
-from stenograph.harness.trajectory import Trajectory, Turn
+from stenograph.harness.trajectory import Trajectory, Turn, action_line, short
 from stenograph.recorder.checkpoints import CheckpointInfo, checkpoints_of
 from stenograph.recorder.reader import is_store
 
@@ -20,28 +20,6 @@ def open_input(path: str, traj: str | None) -> Recording:
     if not is_store(Path(path)):
         input_file(path)
     return open_recording(path, traj)
-
-
-def _short(value: Any, width: int = 60) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
-                                                          separators=(",", ":"))
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[:width - 1] + "…"
-
-
-def action_line(t: Turn, width: int = 60) -> str:
-    """A turn's chosen action in a few words: its tool calls, or its answer."""
-    if t.reply.tool_calls:
-        parts = []
-        for c in t.reply.tool_calls:
-            args = c.arguments
-            if isinstance(args, dict):
-                args = ", ".join(f"{k}={_short(v, 24)}" for k, v in args.items())
-            shown = _short(args, 40) if not isinstance(args, str) or args else ""
-            shown = _short(args, 40) if not isinstance(args, str) or args else ""
-            parts.append(f"{c.name}({shown})")
-        return _short("; ".join(parts), width)
-    return "answer: " + _short(t.reply.text or "", width - 8)
 
 
 def parent_line(rec: Recording) -> str | None:
@@ -187,7 +165,7 @@ def _summary(rec: Recording, tr: Trajectory, as_json: bool) -> None:
                    f"out {t.reply.output_tokens:<5d} {action_line(t)}")
         for c in t.calls:
             kind = "effect" if c.effect else "call"
-            click.echo(f"{'':6s}{kind}: {_short(c.target, 70)}  {c.state}")
+            click.echo(f"{'':6s}{kind}: {short(c.target, 70)}  {c.state}")
 
 
 def _turn_text(doc: dict[str, Any]) -> None:
@@ -215,7 +193,7 @@ def _turn_text(doc: dict[str, Any]) -> None:
             click.echo("  result: not in a later request (the run ended, or it was dropped)")
         else:
             click.echo(f"  result{' (error)' if res['is_error'] else ''}: "
-                       f"{_short(res['content'], 400)}")
+                       f"{short(res['content'], 400)}")
     for c in doc["calls"]:
         click.echo(f"-- {'effect' if c['effect'] else 'call'}: {c['target']}  {c['state']}")
     for a in doc["approvals"]:

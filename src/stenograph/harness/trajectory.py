@@ -20,6 +20,7 @@ asked for, so the turn list of a long log costs the replies, not every request.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -438,3 +439,27 @@ def _owner(turns: list[Turn], before: list[Call], call: Call) -> list[Call]:
         if any(c is call for c in t.calls):
             return t.calls
     return before
+
+
+def short(value: Any, width: int = 60) -> str:
+    """A value on one line of at most ``width`` characters."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
+                                                          separators=(",", ":"))
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def action_line(t: Turn, width: int = 60) -> str:
+    """A turn's chosen action in a few words (``show``'s and the page's turn lines): its
+    tool calls, or its answer."""
+    if t.reply.tool_calls:
+        parts = []
+        for c in t.reply.tool_calls:
+            args = c.arguments
+            if isinstance(args, dict):
+                args = ", ".join(f"{k}={short(v, 24)}" for k, v in args.items())
+            shown = short(args, 40) if not isinstance(args, str) or args else ""
+            shown = short(args, 40) if not isinstance(args, str) or args else ""
+            parts.append(f"{c.name}({shown})")
+        return short("; ".join(parts), width)
+    return "answer: " + short(t.reply.text or "", width - 8)

@@ -31,9 +31,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stenograph.cli_show import action_line
 from stenograph.harness.formats import Answer, Context, answers_in, canonical, context_of
-from stenograph.harness.trajectory import Call, Trajectory, Turn
+from stenograph.harness.trajectory import Call, Trajectory, Turn, action_line
 
 MESSAGE_CAP = 20_000
 """Characters of one message (or result, or argument list) the page carries."""
