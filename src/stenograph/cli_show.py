@@ -166,6 +166,10 @@ def _summary(rec: Recording, tr: Trajectory, as_json: bool) -> None:
         for c in t.calls:
             kind = "effect" if c.effect else "call"
             click.echo(f"{'':6s}{kind}: {short(c.target, 70)}  {c.state}")
+    if tr.turns and not r.ended:  # the run stopped after its last reply
+        last = tr.turns[-1]
+        for c in last.reply.tool_calls[len(last.calls):]:
+            click.echo(f"{'':6s}proposed: {c.name}  not-sent (the run did not get to it)")
 
 
 def _turn_text(doc: dict[str, Any]) -> None:
