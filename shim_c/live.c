@@ -58,3 +58,17 @@ EXPORT void steno_go_live(void) { go_live(); }
 
 /* 1 once a resumed process has gone live (its hooks then record), else 0. */
 EXPORT int steno_is_live(void) { return g_resume && g_mode == MODE_RECORD; }
+
+/* A fork's (or resume's) Python tape ran out at a model call: before the process goes
+ * live, the other taped threads replay to the ends of their prefixes, so every stream
+ * continues live from its end (a thread switched mid-prefix would leave records its
+ * recording never made, and the fork would not replay). This thread lets the baton go
+ * and parks like a thread at its end of tape; the process goes live when all have
+ * (LIVE_WAIT_MS at most). */
+EXPORT void steno_park_live(void) {
+    if (g_mode != MODE_REPLAY || !g_resume) return;
+    tls_t *t = me();
+    if (t->holding) sched_release(t);
+    resume_park(t);
+    go_live();
+}

@@ -3,12 +3,12 @@ and the pointer to its parent.
 
 A fork at turn N replays its parent up to the moment the program sent its N-th model
 request and goes live from there (``cli_fork.py`` runs it, with the resume machinery).
-The prefix is every event before that turn's ``Exchange``: the recorder drained every
-ring of the tree just before appending it, so the tape in the prefix is consistent up
-to the request (``recorder/resumes.py`` says why). With ``--reply`` the turn's reply is
-replaced: the request stays the recorded one (the prefix replays exactly), the response
-is the new reply in the recorded API's form, streamed when the recording was
-(``reply_entry``). Pure functions; nothing here runs a program.
+The prefix is every event before the turn's ``ContextBuilt`` marker (``cut_before``):
+the recorder drained every ring of the tree just before appending it, so the tape in
+the prefix is consistent up to the request (``recorder/resumes.py`` says why). With
+``--reply`` the turn's reply is replaced: the request stays the recorded one (the prefix
+replays exactly), the response is the new reply in the recorded API's form, streamed
+when the recording was (``reply_entry``). Pure functions; nothing here runs a program.
 """
 
 from __future__ import annotations
@@ -38,12 +38,30 @@ class ForkPlan:
 
 def plan(tr: Trajectory, file: str, turn: int, change: str) -> ForkPlan:
     t = tr.turn(turn)
-    prefix = [e for e in tr.events if e.seq < t.event.seq]
+    prefix = [e for e in tr.events if e.seq < cut_before(tr.events, t.event)]
     if not any(e.kind == "RunStarted" for e in prefix):
         raise BadInput("the recording has no RunStarted before that turn: nothing to fork",
                        file)
     return ForkPlan(turn, prefix, t.event, {
         "file": file, "traj": tr.traj, "turn": turn, "lsn": t.event.lsn, "change": change})
+
+
+def cut_before(events: list[Event], turn_event: Event) -> int:
+    """The seq the prefix of a fork at this turn ends before: the turn's ``ContextBuilt``
+    marker (appended after a drain of every ring when the request was about to leave,
+    so the tape before it is the tree's state at that instant). A recording made before
+    the markers existed is cut just before the turn's ``Exchange``: the tape there is
+    the state when the reply came back, which is the same for a program that did
+    nothing else during the call, and off by what other threads did meanwhile for one
+    that did (its fork may not replay)."""
+    b = turn_event.body
+    for e in events:
+        if e.seq >= turn_event.seq:
+            break
+        if e.kind == "ContextBuilt" and e.body.get("proc") == b.get("proc") and \
+                e.body.get("pos") == b.get("pos") and e.body.get("channel") == "model":
+            return e.seq
+    return turn_event.seq
 
 
 def load_reply(text: str, where: str) -> Any:
@@ -112,7 +130,6 @@ def reply_entry(turn_event: Event, reply: Any, bodies: Bodies, where: str) -> di
     entry: dict[str, Any] = {**base, "response": {
         "status": 200, "headers": headers, "body": data, "chunks": chunks, "complete": True,
         **({"reason": resp["reason"]} if "reason" in resp else {})}, "error": None}
-    head = (body.get("suspend") or {}).get("head")
-    if head:
-        entry["suspend"] = {"head": head, "chunks": []}
+    # no "suspend": the recorded call's wake-up points belong to the parent's loop after
+    # this turn, which the fork does not replay; the new reply is handed over at once
     return entry

@@ -117,6 +117,8 @@ class _Call:
         self.request = {"method": "CALL", "url": f"{channel}:{name}", "body": body}
         self.fp = fingerprint("CALL", self.request["url"], body)
         self.suspend: list[Any] = []  # async: how its waits ended (interpose.aioloop)
+        if channel == "model":
+            tape.mark_turn(channel, self.pos, self.fp)
 
     def entry(self) -> dict[str, Any]:
         try:

@@ -92,6 +92,7 @@ class _ShimControl:
         self._ended: Any = None
         self._go_live: Any = None
         self._is_live: Any = None
+        self._park_live: Any = None
         self.track = False
         self.imported: list[str] = []
         self._local = threading.local()
@@ -102,12 +103,20 @@ class _ShimControl:
             self._ended = me.steno_tape_ended
             self._go_live = me.steno_go_live
             self._is_live = me.steno_is_live
+            self._park_live = me.steno_park_live
         except (OSError, AttributeError):
             pass
 
     def go_live(self) -> None:
         """Resume: the process leaves the recorded prefix and records from here."""
         if self._go_live is not None:
+            self._go_live()
+
+    def park_live(self) -> None:
+        """Fork: the process goes live once every taped thread reached its prefix's end."""
+        if self._park_live is not None:
+            self._park_live()
+        elif self._go_live is not None:
             self._go_live()
 
     def is_live(self) -> bool:
@@ -216,7 +225,7 @@ class PyTape:
             self._next[channel] = pos + 1
         if self.resuming and self.mode == "replay" and (
                 pos >= len(self._load().get(channel, [])) or self.shim.is_live()):
-            self.go_live()
+            self.go_live(park=self.fork)
         gcpoints.at_exchange(self.shim)
         return pos
 
@@ -227,8 +236,11 @@ class PyTape:
             self.go_live()
         return self.mode == "record"
 
-    def go_live(self) -> None:
-        """The end of a resumed prefix: from here this process records (``live.c``)."""
+    def go_live(self, park: bool = False) -> None:
+        """The end of a resumed prefix: from here this process records (``live.c``).
+        ``park`` (a fork): once the other threads reached the ends of their prefixes."""
+        if park and self.mode == "replay":
+            self.shim.park_live()
         with self._lock:
             if self.mode != "replay":
                 return
@@ -364,6 +376,16 @@ class PyTape:
         except (_Refused, OSError, RuntimeError, ValueError):
             return False
         return True
+
+    def mark_turn(self, channel: str, pos: int, fingerprint: str) -> None:
+        """Record: a model call is about to be made. The recorder drains every ring and
+        appends a ``ContextBuilt`` marker, so the log has a point where the tape is
+        consistent at the start of each turn: a fork at that turn (and a resume of a run
+        that crashed during the call) cuts there. What it cannot send is not missed:
+        the cut then falls on the call before."""
+        if self.mode == "record":
+            self.notify({"kind": "ContextBuilt", "proc": self.proc, "channel": channel,
+                         "pos": pos, "fingerprint": fingerprint})
 
     def _send(self, entry: dict[str, Any]) -> None:
         """One message to the recorder; return once it answered that it is durable."""

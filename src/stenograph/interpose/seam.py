@@ -278,6 +278,8 @@ class Call:
             self.body_override = drift_check(tape, self.pos, body)
             body = self.body_override if self.body_override is not None else body
         self.request, self.match, self.fp = describe(tape, method, url, headers, body)
+        if self.channel == "model":
+            tape.mark_turn(self.channel, self.pos, self.fp)
         self.suspend: dict[str, list[Any]] = {"head": [], "chunks": []}
         self.effect = effects.is_effect(method, url, self.channel, tape.effect_urls,
                                         tape.readonly_urls) and not IN_DECLARED_EFFECT.get()

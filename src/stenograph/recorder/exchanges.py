@@ -55,8 +55,12 @@ def _lost_bodies(entry: dict[str, Any]) -> int:
     return n
 
 
-HARNESS_EVENTS = frozenset({"ToolIntent", "ApprovalRequested", "Drift", "Stop"})
+HARNESS_EVENTS = frozenset({"ToolIntent", "ApprovalRequested", "Drift", "Stop",
+                            "ContextBuilt"})
 """What a hook may send besides its finished calls (``PyTape.intent`` / ``notify``)."""
+QUEUED_EVENTS = frozenset({"ContextBuilt"})
+"""Harness events appended without a sync of their own (a turn's start marker rides the
+sync of the turn's ``Exchange``): the drain before them is what they are for."""
 
 
 class ExchangeServer:
@@ -148,7 +152,7 @@ class ExchangeServer:
         if kind == "Stop":  # the program stops itself (a resume refusing drift)
             self.stopped_for = str(body.get("reason"))
             kind, fields = "Authorized", {"decision": "stop", "reason": self.stopped_for}
-        self.store.append(self.traj, kind, fields, durable=True)
+        self.store.append(self.traj, kind, fields, durable=kind not in QUEUED_EVENTS)
         if kind == "ApprovalRequested":
             self.paused_for = str(body.get("call_id"))
 

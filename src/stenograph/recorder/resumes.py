@@ -1,7 +1,8 @@
 """Where a crashed run is cut for its resume, and what the resumed run's tape is.
 
 A crash leaves the log with a consistent prefix and a ragged edge. Every Python-level
-event (an ``Exchange``, a ``ToolIntent``) is appended only after the recorder drained
+event (an ``Exchange``, a ``ToolIntent``, the ``ContextBuilt`` that marks a model call's
+start) is appended only after the recorder drained
 every ring of the tree (``ExchangeServer.before_append``), so at such an event the log
 holds everything the whole tree taped before it. ``TapeChunk``s after the last one are
 the ragged edge: one thread's records past a point another thread's are not. The
@@ -26,8 +27,9 @@ from typing import Any
 from stenograph.recorder.codec import Event
 from stenograph.recorder.effects import TrajectoryState, fold
 
-CUT_KINDS = frozenset({"Exchange", "ToolIntent"})
-"""Events appended after a drain of every ring: points the tape is consistent at."""
+CUT_KINDS = frozenset({"Exchange", "ToolIntent", "ContextBuilt"})
+"""Events appended after a drain of every ring: points the tape is consistent at
+(``ContextBuilt``: a model call's start, ``PyTape.mark_turn``)."""
 
 DROPPED_AFTER_CUT = frozenset({"TapeChunk", "Checkpoint"})
 """What a resume runs again: the tape (and snapshots) past its cut."""
