@@ -175,3 +175,28 @@ def test_a_stream_reads_as_its_whole_reply(turn: ms.Turn, api: str) -> None:
     assert streamed.stop_reason == whole.stop_reason
     assert (streamed.input_tokens, streamed.output_tokens) == (
         whole.input_tokens, whole.output_tokens)
+
+
+def test_a_failed_model_call_is_a_turn_the_model_never_answered() -> None:
+    url = "http://x/v1/chat/completions"
+    req = {"method": "POST", "url": url, "body": b'{"model": "m", "messages": []}'}
+    events = [
+        Event(1, "t", 0, None, "RunStarted", {"argv": ["a"]}),
+        Event(2, "t", 1, 1, "Exchange", {"proc": "0", "channel": "model", "pos": 0,
+                                         "request": req, "response": {
+                                             "status": 500, "body": b'{"error": "boom"}'}}),
+        Event(3, "t", 2, 2, "Exchange", {"proc": "0", "channel": "model", "pos": 1,
+                                         "request": req, "response": None, "error": {
+                                             "type": "ConnectError", "message": "refused"}}),
+        Event(4, "t", 3, 3, "Exchange", {"proc": "0", "channel": "model", "pos": 2,
+                                         "request": req, "response": {
+                                             "status": 200, "body": _reply([], 5, 1)}}),
+    ]
+    tr = build("t", {}, events)
+    assert [t.reply.error for t in tr.turns] == ["HTTP 500", "ConnectError: refused", None]
+    assert [t.reply.action for t in tr.turns] == [
+        {"failed": "HTTP 500"}, {"failed": "ConnectError: refused"}, {"answer": "done"}]
+    from stenograph.harness.trajectory import action_line
+
+    assert action_line(tr.turns[1]).startswith("failed: ConnectError")
+    assert tr.record.input_tokens == 5

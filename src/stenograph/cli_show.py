@@ -160,7 +160,7 @@ def _summary(rec: Recording, tr: Trajectory, as_json: bool) -> None:
     for c in tr.before:
         click.echo(f"   0  {'':14s} {c.target}  {c.state}")
     for t in tr.turns:
-        model = (t.reply.served_model or "?")[:14]
+        model = (t.reply.served_model or t.context.model or "?")[:14]
         click.echo(f"{t.index:4d}  {model:14s} in {t.reply.input_tokens:<6d} "
                    f"out {t.reply.output_tokens:<5d} {action_line(t)}")
         for c in t.calls:
@@ -188,6 +188,8 @@ def _turn_text(doc: dict[str, Any]) -> None:
     r = doc["reply"]
     click.echo(f"-- reply: stop {r['stop_reason']}, {r['usage']['input_tokens']} in / "
                f"{r['usage']['output_tokens']} out" + (" (streamed)" if r["streamed"] else ""))
+    if r["error"]:
+        click.echo(f"-- the call failed: {r['error']} (the model did not answer this request)")
     if r["text"]:
         click.echo(r["text"])
     for c, res in zip(doc["tool_calls"], doc["tool_results"], strict=False):

@@ -163,11 +163,16 @@ class Reply:
     output_tokens: int = 0
     served_model: str | None = None
     streamed: bool = False
+    error: str | None = None
+    """The call failed (no response, an error status): what went wrong, else None."""
 
     @property
     def action(self) -> Any:
         """The turn's chosen action, as compared across runs: the tool calls (name and
-        arguments; ids are the model's own labels), or the answer's text."""
+        arguments; ids are the model's own labels), or the answer's text (a failed call:
+        its error)."""
+        if self.error is not None:
+            return {"failed": self.error}
         if self.tool_calls:
             return [{"name": c.name, "arguments": c.arguments} for c in self.tool_calls]
         return {"answer": self.text}
@@ -177,7 +182,8 @@ class Reply:
                 "stop_reason": self.stop_reason,
                 "usage": {"input_tokens": self.input_tokens,
                           "output_tokens": self.output_tokens},
-                "served_model": self.served_model, "streamed": self.streamed}
+                "served_model": self.served_model, "streamed": self.streamed,
+                "error": self.error}
 
 
 def _args(value: Any) -> Any:

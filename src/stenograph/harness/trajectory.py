@@ -221,14 +221,33 @@ def derive(events: Iterable[Event], bodies: Bodies = inline_bodies) -> Iterator[
 
 
 def reply_from(body: dict[str, Any], api: str, bodies: Bodies) -> Reply:
+    """The reply of a model exchange; a call that failed (no response, an error status,
+    an exception) is a reply with ``error`` set: the turn the model never answered."""
+    err = body.get("error")
+    failed = _failure(err) if err is not None else None
     if api == API_CALL or ("result" in body and "response" not in body):
-        return reply_of_value(body.get("result"))
+        r = reply_of_value(body.get("result")) if failed is None else Reply()
+        return replace(r, error=failed) if failed else r
     resp = body.get("response") if isinstance(body.get("response"), dict) else {}
+    status = resp.get("status")
+    if failed is None and isinstance(status, int) and status >= 400:
+        failed = f"HTTP {status}"
+    if not resp:
+        return Reply(error=failed or "no response")
     try:
         data = decoded(bodies(resp.get("body")), resp.get("headers"))
     except Exception:  # a body the blob store lacks: the turn is shown without it
         data = b""
-    return reply_of(api, data)
+    r = reply_of(api, data)
+    return replace(r, error=failed) if failed else r
+
+
+def _failure(err: Any) -> str:
+    if isinstance(err, dict):
+        kind = err.get("type") or "error"
+        msg = str(err.get("message") or "")
+        return f"{kind}: {msg}"[:200] if msg else str(kind)
+    return str(err)[:200]
 
 
 @dataclass(frozen=True)
@@ -451,7 +470,9 @@ def short(value: Any, width: int = 60) -> str:
 
 def action_line(t: Turn, width: int = 60) -> str:
     """A turn's chosen action in a few words (``show``'s and the page's turn lines): its
-    tool calls, or its answer."""
+    tool calls, or its answer; a call that failed, its error."""
+    if t.reply.error is not None:
+        return "failed: " + short(t.reply.error, width - 8)
     if t.reply.tool_calls:
         parts = []
         for c in t.reply.tool_calls:
