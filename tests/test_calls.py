@@ -85,7 +85,7 @@ def test_calls_are_recorded_with_ids(recorded: tuple[Path, subprocess.CompletedP
     store_dir, res = recorded
     assert res.stdout.splitlines() == [
         "ABABAB:LIVE 40000", "ValueError bad n 3", "reply to ab from live"]
-    evs = [e.body for e in StoreReader(store_dir).events(traj="run")]
+    evs = [e.body for e in StoreReader(store_dir).events(traj="run") if e.kind == "Exchange"]
     assert [(e["channel"], e["call_id"]) for e in evs] == [
         ("tool", "lookup#0"), ("tool", "fails#1"), ("model", "chat#0")]
     assert evs[1]["error"]["type"] == "ValueError"

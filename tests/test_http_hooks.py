@@ -160,7 +160,7 @@ def test_sse_chunk_boundaries_are_kept(tmp_path: Path, server: str) -> None:
     rec, store_dir = _record(tmp_path, server)
     assert rec.returncode == 0, rec.stderr
     sse = next(e for e in StoreReader(store_dir).events(traj="run")
-               if e.body["request"]["url"].endswith("/sse"))
+               if e.kind == "Exchange" and e.body["request"]["url"].endswith("/sse"))
     assert len(sse.body["response"]["chunks"]) >= 5
 
 
