@@ -154,7 +154,7 @@ def fork(file: str, at: int, output: str, reply_file: str | None, model_url: str
     sys.exit(_exit_code(outcome["status"]))
 
 
-def _traj_name(parent: str, turn: int) -> str:
+def _traj_name(turn: int) -> str:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     return f"fork-{stamp}-{os.getpid()}-t{turn}"
 
@@ -167,7 +167,7 @@ def _run(rec: Any, fp: forking.ForkPlan, extra: list[dict[str, Any]], out: Path,
     started = next(e.body for e in fp.prefix if e.kind == "RunStarted")
     recorded_argv = [str(a) for a in started["argv"]]
     ended = next((e.body for e in rec.events if e.kind == "RunEnded"), {})
-    traj = _traj_name(rec.traj, fp.turn)
+    traj = _traj_name(fp.turn)
     sweep_dead_sockets()
     work = Path(tempfile.mkdtemp(prefix="steno-fork-"))
     sock_dir = Path(tempfile.mkdtemp(prefix="steno-rec-"))

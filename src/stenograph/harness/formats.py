@@ -204,19 +204,9 @@ def sse_events(body: bytes) -> list[dict[str, Any]] | None:
     text = body.decode("utf-8", "replace")
     if text.lstrip().startswith(("{", "[")) or "data:" not in text:
         return None
-    out = []
-    for line in text.splitlines():
-        if line.startswith("data:"):
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                continue
-            try:
-                doc = json.loads(payload)
-            except ValueError:
-                continue
-            if isinstance(doc, dict):
-                out.append(doc)
-    return out
+    from stenograph.recorder.policy import json_objects
+
+    return list(json_objects(body))
 
 
 def reply_of(api: str, body: bytes | None) -> Reply:

@@ -92,7 +92,7 @@ def request_signature(body: bytes) -> Signature:
 
 def tool_calls_of(response_body: bytes) -> list[str]:
     """The names of the tools a model reply calls (any of the formats, streamed or not)."""
-    from stenograph.recorder.policy import _objects
+    from stenograph.recorder.policy import json_objects
 
     names: list[str] = []
 
@@ -110,7 +110,7 @@ def tool_calls_of(response_body: bytes) -> list[str]:
             for x in v:
                 walk(x)
 
-    for doc in _objects(response_body):
+    for doc in json_objects(response_body):
         walk(doc)
     return sorted(set(names))
 

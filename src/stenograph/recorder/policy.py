@@ -131,7 +131,7 @@ def price_of(prices: dict[str, tuple[float, float]], model: str) -> tuple[float,
 # ------------------------------------------------------------------------------- usage
 
 
-def _objects(body: bytes) -> Iterable[dict[str, Any]]:
+def json_objects(body: bytes) -> Iterable[dict[str, Any]]:
     """The JSON objects of a response body: the body itself, or each SSE ``data:`` line."""
     text = body.decode("utf-8", "replace").strip()
     if text.startswith("{"):
@@ -156,7 +156,7 @@ def usage_of(body: bytes) -> tuple[str | None, int, int]:
     """(served model, input tokens, output tokens) of a model reply: OpenAI chat
     completions and Responses, Anthropic messages; streamed or not."""
     model, tin, tout = None, 0, 0
-    for doc in _objects(body):
+    for doc in json_objects(body):
         for holder in (doc, doc.get("response"), doc.get("message")):
             if not isinstance(holder, dict):
                 continue
