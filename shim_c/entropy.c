@@ -109,8 +109,13 @@ static inline void rfd_set(int fd, int on) {
     else __atomic_fetch_and(&g_rfd[fd >> 6], ~(1ULL << (fd & 63)), __ATOMIC_RELAXED);
 }
 
+/* the kernel's random uuid and boot id files are entropy too (uuidgen falls back on
+ * the first; `cat /proc/sys/kernel/random/uuid` is how shell scripts make ids) */
 static int is_random_path(const char *p) {
-    return p && starts(p, "/dev/") && (!strcmp(p + 5, "urandom") || !strcmp(p + 5, "random"));
+    static const char kr[] = "/proc/sys/kernel/random/";
+    if (!p) return 0;
+    if (starts(p, "/dev/")) return !strcmp(p + 5, "urandom") || !strcmp(p + 5, "random");
+    return starts(p, kr) && (!strcmp(p + sizeof kr - 1, "uuid") || !strcmp(p + sizeof kr - 1, "boot_id"));
 }
 
 static int open_common(int dirfd, const char *path, int flags, mode_t mode) {
@@ -159,4 +164,69 @@ EXPORT FILE *fopen64(const char *path, const char *mode) {
     if (g_mode && is_random_path(path) && mode && mode[0] == 'r' && !strchr(mode, '+'))
         return fopen_random(path, mode);
     return real_fopen64(path, mode);
+}
+
+/* glibc's mkstemp family draws its names from a getrandom inside libc, which no wrapper
+ * sees (and a syscall instruction in libc's text, which a filter cannot trap safely: it
+ * outlives exec). So while taped these make the names themselves, from getrandom()
+ * (taped): git's probe files, a C tool's scratch file get their recorded names. The
+ * shape is glibc's: six trailing X's (before `suffix` bytes), 62 letters, EEXIST draws
+ * again. */
+enum { TMP_FILE, TMP_DIR, TMP_NAME };
+
+static int tempname(char *tmpl, int suffix, int flags, int kind) {
+    static const char abc[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    size_t len = tmpl ? strlen(tmpl) : 0;
+    if (suffix < 0 || len < 6 + (size_t)suffix || strspn(tmpl + len - 6 - suffix, "X") < 6) {
+        errno = EINVAL;
+        return -1;
+    }
+    char *x = tmpl + len - 6 - suffix;
+    for (int tries = 0; tries < 62 * 62 * 62; tries++) {
+        unsigned char r[6];
+        if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) return -1;
+        for (int i = 0; i < 6; i++) x[i] = abc[r[i] % 62];
+        if (kind == TMP_FILE) {
+            int fd = open_common(AT_FDCWD, tmpl, (flags & ~O_ACCMODE) | O_RDWR | O_CREAT | O_EXCL,
+                                 0600);
+            if (fd >= 0 || errno != EEXIST) return fd;
+            continue;
+        }
+        struct stat st;
+        long e = kind == TMP_DIR ? RS3(SYS_mkdirat, AT_FDCWD, tmpl, 0700)
+                                 : RS4(SYS_newfstatat, AT_FDCWD, tmpl, &st, AT_SYMLINK_NOFOLLOW);
+        if (kind == TMP_NAME) e = e == -ENOENT ? 0 : is_err(e) ? e : -EEXIST;
+        if (e != -EEXIST) {
+            if (!is_err(e)) return 0;
+            errno = (int)-e;
+            return -1;
+        }
+    }
+    errno = EEXIST;
+    return -1;
+}
+
+EXPORT int mkostemps(char *t, int suffix, int flags) {
+    RESOLVE(mkostemps);
+    return ACTIVE() ? tempname(t, suffix, flags, TMP_FILE) : real_mkostemps(t, suffix, flags);
+}
+EXPORT int mkstemp(char *t) { return mkostemps(t, 0, 0); }
+EXPORT int mkstemp64(char *t) { return mkostemps(t, 0, 0); }
+EXPORT int mkostemp(char *t, int flags) { return mkostemps(t, 0, flags); }
+EXPORT int mkostemp64(char *t, int flags) { return mkostemps(t, 0, flags); }
+EXPORT int mkstemps(char *t, int suffix) { return mkostemps(t, suffix, 0); }
+EXPORT int mkstemps64(char *t, int suffix) { return mkostemps(t, suffix, 0); }
+EXPORT int mkostemps64(char *t, int suffix, int flags) { return mkostemps(t, suffix, flags); }
+
+EXPORT char *mkdtemp(char *t) {
+    RESOLVE(mkdtemp);
+    if (!ACTIVE()) return real_mkdtemp(t);
+    return tempname(t, 0, 0, TMP_DIR) == 0 ? t : NULL;
+}
+
+EXPORT char *mktemp(char *t) {
+    RESOLVE(mktemp);
+    if (!ACTIVE()) return real_mktemp(t);
+    if (tempname(t, 0, 0, TMP_NAME) < 0 && t) t[0] = 0;
+    return t;
 }

@@ -289,6 +289,52 @@ static long park(bucket_t *b, int e, const struct timespec *abs, int clk) {
     return futex_wait(&b->epoch, e, &at, 0);
 }
 
+/* Process-shared objects (sem_open, PTHREAD_PROCESS_SHARED: multiprocessing's locks and
+ * queues) are posted by another process, which no event count here hears. So even the
+ * first try of a wait on one is taken at a grant, record parks at most a poll interval
+ * at a time (doubling up to SHARED_POLL_MAX) before it retries, and replay never tries
+ * at a grant recorded "not yet"; at one recorded "got it" it waits for the object (the
+ * other process, replayed too, posts at its own pace). glibc's layouts: a semaphore's
+ * `private` word is 0 unless shared (glibc's LLL_SHARED is the futex private flag: it
+ * is XORed into the op), a mutex's kind has
+ * PTHREAD_MUTEX_PSHARED_BIT, a condition's __wrefs bit 0. */
+#define SHARED_POLL_MIN 50000LL    /* ns */
+#define SHARED_POLL_MAX 5000000LL
+static int sem_shared(const sem_t *s) { return ((const int *)s)[2] != 0; }
+static int mutex_shared(const pthread_mutex_t *m) { return (m->__data.__kind & 128) != 0; }
+static int cond_shared(const pthread_cond_t *c) { return c->__data.__wrefs & 1; }
+
+/* Nanoseconds until `abs` on `clk`. */
+static int64_t left_ns(const struct timespec *abs, int clk) {
+    struct timespec now;
+    RS2(SYS_clock_gettime, clk, &now);
+    return (abs->tv_sec - now.tv_sec) * 1000000000LL + abs->tv_nsec - now.tv_nsec;
+}
+
+/* park() for a shared object: 0 when the poll interval ended it. */
+static long park_shared(bucket_t *b, int e, const struct timespec *abs, int clk, int64_t *poll) {
+    int64_t wait = *poll;
+    if (*poll < SHARED_POLL_MAX) *poll *= 2;
+    if (abs && left_ns(abs, clk) <= wait) return park(b, e, abs, clk);
+    int64_t until = mono_ns() + wait;
+    struct timespec at = {until / 1000000000LL, until % 1000000000LL};
+    long r = futex_wait(&b->epoch, e, &at, 0);
+    return r == -ETIMEDOUT ? 0 : r;
+}
+
+/* Replay, at a grant recorded "got it" on a shared object: try until the other process
+ * has posted; EAGAIN if it never does (a divergence the caller reports). */
+static int await_shared(void *obj, int (*try)(void *)) {
+    int64_t start = mono_ns(), ns = 20000;
+    for (;;) {
+        int r = try(obj);
+        if (r != EAGAIN || mono_ns() - start > 30 * S.stall_ns) return r;
+        struct timespec ts = {0, ns};
+        RS2(SYS_nanosleep, &ts, NULL);
+        if (ns < 2000000) ns *= 2;
+    }
+}
+
 /* Record: take a grant, retry the non-blocking form under it, tape both; SCHED_REAL
  * (unregistered) once the schedule is broken. */
 static int retry_at_grant(tls_t *t, int op, bucket_t *b, int *e, void *obj, try_fn try) {
@@ -305,14 +351,15 @@ static int retry_at_grant(tls_t *t, int op, bucket_t *b, int *e, void *obj, try_
 }
 
 static int sched_wait_for(tls_t *t, int op, void *obj, try_fn try, const struct timespec *abs,
-                          int clk) {
+                          int clk, int shared) {
     bucket_t *b = bucket_of(obj);
-    int recording = g_mode == MODE_RECORD, e = 0;
+    int recording = g_mode == MODE_RECORD, e = 0, fresh = shared;
+    int64_t poll = SHARED_POLL_MIN;
     if (recording) { /* registered before the first try: a wake-up between is not lost */
         __atomic_add_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
         e = __atomic_load_n(&b->epoch, __ATOMIC_SEQ_CST);
     }
-    int r = try(obj);
+    int r = shared ? EAGAIN : try(obj);
     for (;;) {
         if (r != EAGAIN) {
             if (recording) __atomic_sub_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
@@ -320,7 +367,8 @@ static int sched_wait_for(tls_t *t, int op, void *obj, try_fn try, const struct 
         }
         sched_release(t);
         if (recording) {
-            long fr = park(b, e, abs, clk);
+            long fr = fresh ? 0 : shared ? park_shared(b, e, abs, clk, &poll) : park(b, e, abs, clk);
+            fresh = 0;
             if (fr == -ETIMEDOUT) {
                 __atomic_sub_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
                 sched_take(t, op, ETIMEDOUT);
@@ -338,7 +386,7 @@ static int sched_wait_for(tls_t *t, int op, void *obj, try_fn try, const struct 
         }
         if (S.broken) return SCHED_REAL;
         if (want == ETIMEDOUT) return ETIMEDOUT;
-        r = try(obj);
+        r = !shared ? try(obj) : want == 0 ? await_shared(obj, try) : want;
         if (r != want) {
             sched_report(t, want == 0 ? "the wait was over" : "the wait was not over yet",
                          (uint32_t)t->st[CH_SCHED].pos, op);
@@ -351,22 +399,49 @@ static int sched_wait_for(tls_t *t, int op, void *obj, try_fn try, const struct 
 /* ------------------------------------------------------------------ gated primitives */
 
 static int try_mutex(void *m) {
-    int r = pthread_mutex_trylock((pthread_mutex_t *)m);
+    RESOLVE(pthread_mutex_trylock);
+    int r = real_pthread_mutex_trylock((pthread_mutex_t *)m);
     return r == EBUSY ? EAGAIN : r;
 }
 
 static int try_sem(void *s) {
-    return sem_trywait((sem_t *)s) == 0 ? 0 : (errno == EAGAIN ? EAGAIN : errno);
+    RESOLVE(sem_trywait);
+    return real_sem_trywait((sem_t *)s) == 0 ? 0 : (errno == EAGAIN ? EAGAIN : errno);
+}
+
+/* A non-blocking try on a shared object: its outcome is the other process's timing, so
+ * it is one turn (record tapes the outcome, replay serves it). */
+static int try_shared_turn(tls_t *t, int op, void *obj, try_fn try) {
+    sched_release(t);
+    if (g_mode == MODE_REPLAY) {
+        int32_t want = take_replay(t, op);
+        if (want != SCHED_WENT_LIVE) {
+            int r = want == 0 ? await_shared(obj, try) : want;
+            if (r != want) {
+                sched_report(t, "the wait was over", (uint32_t)t->st[CH_SCHED].pos, op);
+                if (!g_lenient) diverged();
+                S.broken = 1;
+            }
+            return r;
+        }
+    }
+    int64_t g = take_record(t, op);
+    int r = try(obj);
+    if (g >= 0) {
+        schedrec_t sr = {(uint32_t)g, r};
+        rec(t, CH_SCHED, op, &sr, sizeof sr);
+    }
+    return r;
 }
 
 static int mutex_gated(pthread_mutex_t *m, const struct timespec *abs, int clk) {
-    int r = pthread_mutex_trylock(m);
-    if (r != EBUSY) return r;
+    int shared = mutex_shared(m), r = shared ? EAGAIN : try_mutex(m);
+    if (r != EAGAIN) return r;
     if (m->__data.__owner == (int)RS0(SYS_gettid)) { /* relock by the owner: its own answer */
         RESOLVE(pthread_mutex_lock);
         return real_pthread_mutex_lock(m);
     }
-    r = sched_wait_for(&T, OP_SCHED_MUTEX, m, try_mutex, abs, clk);
+    r = sched_wait_for(&T, OP_SCHED_MUTEX, m, try_mutex, abs, clk, shared);
     if (r != SCHED_REAL) return r;
     if (abs) {
         RESOLVE(pthread_mutex_clocklock);
@@ -382,6 +457,15 @@ EXPORT int pthread_mutex_lock(pthread_mutex_t *m) {
         return real_pthread_mutex_lock(m);
     }
     return mutex_gated(m, NULL, 0);
+}
+
+EXPORT int pthread_mutex_trylock(pthread_mutex_t *m) {
+    if (LIKELY(!sched_here()) || !mutex_shared(m)) {
+        RESOLVE(pthread_mutex_trylock);
+        return real_pthread_mutex_trylock(m);
+    }
+    int r = try_shared_turn(&T, OP_SCHED_MUTEX, m, try_mutex);
+    return r == EAGAIN ? EBUSY : r;
 }
 
 EXPORT int pthread_mutex_unlock(pthread_mutex_t *m) {
@@ -427,7 +511,9 @@ static int cond_gated(pthread_cond_t *c, pthread_mutex_t *m, const struct timesp
     sched_release(t);
     int32_t res;
     if (g_mode == MODE_RECORD) {
-        long fr = futex_wait(&b->epoch, e, abs, abs && clk == CLOCK_REALTIME);
+        int64_t poll = SHARED_POLL_MAX; /* shared: the wake-up ends as a spurious one */
+        long fr = cond_shared(c) ? park_shared(b, e, abs, clk, &poll)
+                                 : futex_wait(&b->epoch, e, abs, abs && clk == CLOCK_REALTIME);
         __atomic_sub_fetch(&b->waiters, 1, __ATOMIC_SEQ_CST);
         res = fr == -ETIMEDOUT ? ETIMEDOUT : 0;
         sched_take(t, OP_SCHED_COND, res);
@@ -475,7 +561,7 @@ EXPORT int pthread_cond_broadcast(pthread_cond_t *c) {
 }
 
 static int sem_gated(sem_t *s, const struct timespec *abs, int clk) {
-    int r = sched_wait_for(&T, OP_SCHED_SEM, s, try_sem, abs, clk);
+    int r = sched_wait_for(&T, OP_SCHED_SEM, s, try_sem, abs, clk, sem_shared(s));
     if (r == SCHED_REAL) {
         RESOLVE(sem_wait); RESOLVE(sem_clockwait);
         return abs ? real_sem_clockwait(s, (clockid_t)clk, abs) : real_sem_wait(s);
@@ -502,6 +588,16 @@ EXPORT int sem_clockwait(sem_t *s, clockid_t k, const struct timespec *a) {
     RESOLVE(sem_clockwait);
     struct timespec tr;
     return real_sem_clockwait(s, k, translate_deadline((int)k, a, &tr));
+}
+
+EXPORT int sem_trywait(sem_t *s) {
+    if (LIKELY(!sched_here()) || !sem_shared(s)) {
+        RESOLVE(sem_trywait);
+        return real_sem_trywait(s);
+    }
+    int r = try_shared_turn(&T, OP_SCHED_SEM, s, try_sem);
+    if (r) { errno = r; return -1; }
+    return 0;
 }
 
 EXPORT int sem_post(sem_t *s) {

@@ -318,3 +318,61 @@ def test_a_clock_record_asked_for_at_another_call_site_is_a_divergence(tmp_path:
     d = rep["divergences"][0]
     assert d["channel"] == "clock" and d["position"] == 0, d
     assert "from site" in d["recorded"] and "from site" in d["asked"], d
+
+
+GLIBC_TEMPNAMES = """
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    for fn, args in [("mkstemp", ()), ("mkostemp", (os.O_CLOEXEC,)), ("mkstemps", (4,))]:
+        t = ctypes.create_string_buffer(b"/tmp/steno-t-XXXXXX" + (b".txt" if args == (4,) else b""))
+        fd = getattr(libc, fn)(t, *args)
+        print(fn, t.value.decode(), fd >= 0)
+        os.close(fd); os.unlink(t.value)
+    d = ctypes.create_string_buffer(b"/tmp/steno-d-XXXXXX")
+    libc.mkdtemp.restype = ctypes.c_char_p
+    print("mkdtemp", libc.mkdtemp(d).decode()); os.rmdir(d.value)
+    bad = ctypes.create_string_buffer(b"/tmp/no-x")
+    print("bad", libc.mkstemp(bad), ctypes.get_errno())
+    with open("/proc/sys/kernel/random/uuid") as f:
+        print("kernel uuid", f.read().strip())
+"""
+
+
+def test_glibc_temp_names_and_the_kernel_uuid_file(tmp_path: Path) -> None:
+    """glibc's mkstemp family draws from a getrandom inside libc; the shim's own names come
+    from the taped entropy. /proc/sys/kernel/random/uuid is entropy too."""
+    out = roundtrip(tmp_path, [PY, script(tmp_path, GLIBC_TEMPNAMES)])
+    assert out.count(b"/tmp/steno-") == 4 and b"bad -1 22" in out, out
+    assert out.splitlines()[2].endswith(b".txt True")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_git_init_and_commit(tmp_path: Path) -> None:
+    """git probes the file system with mkstemp names (git init) and stamps commits."""
+    out = roundtrip(tmp_path, ["bash", "-c",
+                               "d=$(mktemp -d) && cd $d && git init -q && "
+                               "git -c user.email=a@b -c user.name=a commit -q --allow-empty "
+                               "-m one && echo hi > f && git add f && "
+                               "git -c user.email=a@b -c user.name=a commit -qm two && "
+                               "git log --format='%H %ad' && cd / && rm -rf $d"])
+    assert len(out.splitlines()) == 2, out
+
+
+POOL = """
+    import multiprocessing as mp, os
+    if __name__ == "__main__":
+        with mp.Pool(2) as p:
+            print(sorted(p.map(abs, range(-6, 6))), os.getpid())
+"""
+
+
+def test_a_process_pool_records_and_a_diverged_replay_ends(tmp_path: Path) -> None:
+    """multiprocessing's locks are semaphores shared between processes: a recorded wait on
+    one is woken by another process (it hung under record). Which worker takes which task
+    is not ordered across processes, so a replay may diverge; it must then end with the
+    report (exit 1), not wait for the dead worker for ever."""
+    steno, out = record(tmp_path, [PY, script(tmp_path, POOL)])
+    assert out.startswith(b"[0, 1, 1, 2, 2, 3"), out
+    code, rep = replay(tmp_path, steno)
+    assert code in (0, 1), rep
+    assert (code == 0) == (rep["divergences"] == [] and all(rep["identical"].values())), rep

@@ -730,7 +730,8 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
                                 seal=None if unsealed else _seal(
                                     started, ended, tape, mounts, keep_writes, sealed_cwd),
                                 cut=cut if killed and all(isinstance(n, int) for n in cut)
-                                else None)
+                                else None,
+                                stop_on=None if lenient else tape / "divergence")
         if build:
             report = buildreplay.report(file, tape, events, ended, result, argv,
                                         compare_output)

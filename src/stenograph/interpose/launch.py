@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -464,6 +465,40 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
 
 
+DIVERGED_GRACE = 3.0  # s the rest of a tree gets to end by itself after a divergence
+
+
+def _diverged(path: Path, seen: list[int]) -> bool:
+    """Has the shim written a divergence line (not a drift one) to ``path``?"""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return False
+    if size == seen[0]:
+        return False
+    seen[0] = size
+    with contextlib.suppress(OSError), path.open("rb") as f:
+        return any(line.startswith(b"divergence\t") for line in f)
+    return False
+
+
+def wait_unless_diverged(proc: subprocess.Popen[bytes], stop_on: Path | None) -> int:
+    """Wait for the tree; but once a replayed process has diverged (and died, in a strict
+    replay), give the rest ``DIVERGED_GRACE`` seconds and then stop it: its peers may
+    wait for the dead one for ever (a pool's workers and the pipe they share)."""
+    if stop_on is None:
+        return proc.wait()
+    seen, since = [-1], None
+    while True:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return proc.wait(timeout=0.2)
+        if since is None:
+            since = time.monotonic() if _diverged(stop_on, seen) else None
+        elif time.monotonic() - since > DIVERGED_GRACE:
+            kill_tree(proc.pid)
+            return proc.wait()
+
+
 def run_under_shim(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -475,11 +510,13 @@ def run_under_shim(
     seal: Seal | None = None,
     cut: tuple[int, int] | None = None,
     started: Callable[[subprocess.Popen[bytes]], Any] | None = None,
+    stop_on: Path | None = None,
 ) -> RunResult:
     """Run ``argv`` with ``env`` (which carries LD_PRELOAD and STENO_*); wait for it.
     With ``seal``, in a private mount namespace (see ``Seal``); ``SealUnavailable`` if
     the namespace cannot be made. ``cut``: stdout and stderr lengths whose prefixes to
-    hash too (``OutputDigest``)."""
+    hash too (``OutputDigest``). ``stop_on``: the replay's divergence file (see
+    ``wait_unless_diverged``)."""
     prog = resolve_program(argv, env)
     check_dynamic(prog)
     why_r, why_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -527,7 +564,7 @@ def run_under_shim(
     for t in pumps:
         t.start()
     try:
-        status = proc.wait()
+        status = wait_unless_diverged(proc, stop_on)
     except BaseException:  # Ctrl-C, a timeout: the tree must not outlive its tape
         kill_tree(proc.pid)
         proc.wait()
