@@ -395,10 +395,80 @@ static int recorded_exit(void) {
 
 static void resume_park(tls_t *t); /* live.c: the end of a resumed prefix */
 
+/* A terminating signal from another process that arrived before this process reached
+ * the end of a tape that ends killed (signals.c, sig_defer_deaths): its death, due here.
+ * It can come before the process execs (a `timeout` kills its child at once, while the
+ * child is still on its way to exec the command): TAPE/<proc>/deferred carries it over. */
+static volatile int g_deferred_kill;
+
+static void deferred_path(char *path, size_t n) {
+    char *p = s_put(path, path + n - 1, g_tape);
+    p = s_put(p, path + n - 1, "/");
+    p = s_put(p, path + n - 1, g_proc);
+    p = s_put(p, path + n - 1, "/deferred");
+    *p = 0;
+}
+
+static void deferred_save(void) {
+    char path[1400], num[4] = {0};
+    if (!g_deferred_kill || g_mode != MODE_REPLAY) return;
+    deferred_path(path, sizeof path);
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (is_err(fd)) return;
+    num[0] = (char)('0' + g_deferred_kill / 10);
+    num[1] = (char)('0' + g_deferred_kill % 10);
+    RS3(SYS_write, fd, num, 2);
+    RS1(SYS_close, fd);
+}
+
+/* Replay: a signal sent to a whole process group (kill(0), killpg) is kept in
+ * TAPE/.group-<live pgid>: a member whose tape ends killed dies of it at its end even if
+ * it did not exist yet when the signal was sent (the killer replayed faster). */
+static void group_kill_path(char *path, size_t n, long pgid) {
+    char *p = s_put(path, path + n - 1, g_tape);
+    p = s_put(p, path + n - 1, "/.group-");
+    p = u_put(p, path + n - 1, (uint64_t)pgid);
+    *p = 0;
+}
+
+static void group_kill_note(long pgid, int sig) {
+    char path[1200], num[2] = {(char)('0' + sig / 10), (char)('0' + sig % 10)};
+    if (g_mode != MODE_REPLAY || g_resume || g_build || pgid <= 0) return;
+    if (sig != SIGHUP && sig != SIGINT && sig != SIGQUIT && sig != SIGTERM && sig != SIGKILL &&
+        sig != SIGUSR1 && sig != SIGUSR2 && sig != SIGALRM)
+        return; /* only deaths (timeout's SIGCONT after its SIGTERM is none) */
+    group_kill_path(path, sizeof path, pgid);
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (is_err(fd)) return;
+    RS3(SYS_write, fd, num, 2);
+    RS1(SYS_close, fd);
+}
+
+static int group_killed(void) {
+    char path[1200], num[2];
+    group_kill_path(path, sizeof path, RS1(SYS_getpgid, 0));
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    if (is_err(fd)) return 0;
+    int sig = RS3(SYS_read, fd, num, 2) == 2 ? (num[0] - '0') * 10 + num[1] - '0' : 0;
+    RS1(SYS_close, fd);
+    return sig;
+}
+
+static void deferred_load(void) {
+    char path[1400], num[4] = {0};
+    deferred_path(path, sizeof path);
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    if (is_err(fd)) return;
+    if (RS3(SYS_read, fd, num, 2) == 2) g_deferred_kill = (num[0] - '0') * 10 + num[1] - '0';
+    RS1(SYS_close, fd);
+}
+
 static void await_kill(void) {
     if (recorded_exit()) return;
     int sig = killed_signal();
     if (sig) die_as_recorded(sig);
+    if (g_deferred_kill) die_as_recorded(g_deferred_kill);
+    if ((sig = group_killed())) die_as_recorded(sig);
     /* with every signal unblocked: the recorded one landed before this point, which the
      * program may have reached with it blocked (a shell's child right after fork) */
     uint64_t none = 0, old = 0;
@@ -406,6 +476,8 @@ static void await_kill(void) {
     for (int i = 0; i < 1000; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         RS2(SYS_nanosleep, &ts, NULL);
+        if (g_deferred_kill) die_as_recorded(g_deferred_kill);
+        if (i % 10 == 9 && (sig = group_killed())) die_as_recorded(sig);
     }
     RS4(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, 8);
 }

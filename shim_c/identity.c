@@ -172,10 +172,14 @@ EXPORT pid_t getpgrp(void) { return getpgid(0); }
 EXPORT pid_t getsid(pid_t pid) { return (pid_t)sys_ret_l(pid_query(OP_GETSID, SYS_getsid, pid)); }
 
 /* Calls handed a pid back: at replay the recorded pid becomes the live one. */
-EXPORT int kill(pid_t pid, int sig) { return (int)sys_ret_l(RS2(SYS_kill, pid_live(pid), sig)); }
+EXPORT int kill(pid_t pid, int sig) {
+    pid_t live = pid_live(pid);
+    if (sig > 0 && (live == 0 || live < -1)) group_kill_note(live ? -live : RS1(SYS_getpgid, 0), sig);
+    return (int)sys_ret_l(RS2(SYS_kill, live, sig));
+}
 EXPORT int killpg(pid_t pg, int sig) {
     if (pg < 0) { errno = EINVAL; return -1; }
-    return (int)sys_ret_l(RS2(SYS_kill, -pid_live(pg), sig));
+    return kill(pg ? -pg : 0, sig);
 }
 EXPORT int tgkill(pid_t tgid, pid_t tid, int sig) {
     return (int)sys_ret_l(RS3(SYS_tgkill, pid_live(tgid), pid_live(tid), sig));

@@ -80,6 +80,11 @@ __attribute__((constructor)) static void shim_init(void) {
     g_build = g_build && m == MODE_REPLAY; /* with g_resume: a fork of another build */
     if (g_build) g_lenient = g_clock_shift = 1;
     if (m != MODE_OFF) install_filters();
+    if (m == MODE_REPLAY && !g_resume && !g_build) {
+        sig_defer_deaths();
+        deferred_load();
+        sig_exec_arrived();
+    }
     g_inited = 1;
     if (m != MODE_OFF) procinfo();
 }

@@ -152,6 +152,7 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
 
 static void before_exec(void) {
     build_flush();
+    deferred_save();
     if (g_mode != MODE_RECORD || reentered()) return; /* flushing would wait on our own lock */
     T.guard++;
     barrier(MSG_BARRIER); /* the recorder drains every ring of this process first */
@@ -165,8 +166,10 @@ static int exec_taped(exec_fn real, const char *file, char *const argv[], char *
     size_t ml = 0;
     char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
     before_exec();
+    sig_exec_block();
     int r = real(file, argv, env ? env : envp);
     int e = errno;
+    sig_exec_failed();
     if (env) shim_unmap(env, ml);
     errno = e;
     return r;

@@ -218,6 +218,30 @@ static void sig_at_serve(tls_t *t) {
     sig_replay_point(t, NULL, INT_MAX);
 }
 
+/* Replay: is `pid` a process of this replay? Its environment block still holds the
+ * STENO_TAPE the shim hid from its program. */
+static int sent_by_tree(pid_t pid) {
+    static char buf[1 << 17];
+    char path[32], want[1100];
+    char *p = s_put(path, path + sizeof path - 1, "/proc/");
+    p = u_put(p, path + sizeof path - 1, (uint64_t)pid);
+    p = s_put(p, path + sizeof path - 1, "/environ");
+    *p = 0;
+    char *w = s_put(want, want + sizeof want - 1, "STENO_TAPE=");
+    w = s_put(w, want + sizeof want - 1, g_tape);
+    *w = 0;
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    if (is_err(fd)) return 0;
+    long n = 0, r;
+    while (n < (long)sizeof buf - 1 && (r = RS3(SYS_read, fd, buf + n, sizeof buf - 1 - n)) > 0)
+        n += r;
+    RS1(SYS_close, fd);
+    size_t wl = (size_t)(w - want);
+    for (long i = 0; i + (long)wl < n; i++)
+        if ((i == 0 || buf[i - 1] == 0) && !memcmp(buf + i, want, wl) && buf[i + wl] == 0) return 1;
+    return 0;
+}
+
 static void sig_front(int sig, siginfo_t *si, void *uc) {
     int e = errno;
     if ((unsigned)sig > 64) return;
@@ -235,7 +259,14 @@ static void sig_front(int sig, siginfo_t *si, void *uc) {
         tls_t *t = me();
         if (g_sig[sig].fn == (void *)SIG_DFL && si && si->si_code <= 0 &&
             si->si_pid != (pid_t)RS0(SYS_getpid)) {
-            /* sent by another process (a user's kill, ^C): its default action, live */
+            if (sent_by_tree(si->si_pid)) {
+                /* the replayed sender: a recording that ends killed dies at its tape's end;
+                 * one that exited outlived the signal when recorded */
+                if (!recorded_exit()) g_deferred_kill = sig;
+                errno = e;
+                return;
+            }
+            /* sent from outside the replay (a user's kill): its default action, live */
             struct sigaction d;
             memset(&d, 0, sizeof d);
             d.sa_handler = SIG_DFL;
@@ -423,6 +454,89 @@ EXPORT int sigwait(const sigset_t *set, int *sig) {
     RESOLVE(sigwait);
     sig_unsupported("sigwait (signals taken synchronously are not taped)");
     return real_sigwait(set, sig);
+}
+
+/* Replay: a process whose recording ended killed by a signal (no exit record) dies of it
+ * at the end of its tape (core.c, await_kill). A killer replayed faster than it ran (a
+ * `timeout` whose handler runs at its recorded point at once, while the command it
+ * kills still has its part to replay) must not kill it sooner: the terminating signals
+ * the program leaves at their default get the front handler, which keeps such a signal
+ * for the tape's end. (A process whose recording exited takes them live, as before.) */
+static const int g_fatal[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM};
+#define NFATAL (sizeof g_fatal / sizeof *g_fatal)
+
+/* Across an exec, until the new image's shim has its front handlers, those signals are
+ * blocked (a mask survives exec; TAPE/<proc>/premask keeps which the program had
+ * blocked itself): a kill landing in that window would take the default action. */
+static void premask_path(char *path, size_t n) {
+    char *p = s_put(path, path + n - 1, g_tape);
+    p = s_put(p, path + n - 1, "/");
+    p = s_put(p, path + n - 1, g_proc);
+    p = s_put(p, path + n - 1, "/premask");
+    *p = 0;
+}
+
+static sigset_t g_exec_old;
+static int g_exec_blocked;
+
+static void sig_exec_block(void) {
+    if (g_mode != MODE_REPLAY || g_resume || g_build) return;
+    sigset_t f;
+    sigemptyset(&f);
+    for (size_t i = 0; i < NFATAL; i++) sigaddset(&f, g_fatal[i]);
+    raw_mask(SIG_BLOCK, &f, &g_exec_old);
+    g_exec_blocked = 1;
+    char path[1400], bits[NFATAL];
+    premask_path(path, sizeof path);
+    for (size_t i = 0; i < NFATAL; i++) bits[i] = sigismember(&g_exec_old, g_fatal[i]) ? '1' : '0';
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (!is_err(fd)) {
+        RS3(SYS_write, fd, bits, NFATAL);
+        RS1(SYS_close, fd);
+    }
+}
+
+/* The exec failed (a PATH search goes on): the mask as it was. */
+static void sig_exec_failed(void) {
+    if (!g_exec_blocked) return;
+    g_exec_blocked = 0;
+    raw_mask(SIG_SETMASK, &g_exec_old, NULL);
+}
+
+/* The new image, its front handlers in place: unblock what the program had not blocked. */
+static void sig_exec_arrived(void) {
+    char path[1400], bits[NFATAL];
+    premask_path(path, sizeof path);
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    if (is_err(fd)) return;
+    long n = RS3(SYS_read, fd, bits, NFATAL);
+    RS1(SYS_close, fd);
+    RS1(SYS_unlink, path);
+    if (n != (long)NFATAL) return;
+    sigset_t u;
+    sigemptyset(&u);
+    for (size_t i = 0; i < NFATAL; i++)
+        if (bits[i] == '0') sigaddset(&u, g_fatal[i]);
+    raw_mask(SIG_UNBLOCK, &u, NULL);
+}
+
+static void sig_defer_deaths(void) {
+    const int *fatal = g_fatal;
+    RESOLVE(sigaction);
+    for (size_t i = 0; i < NFATAL; i++) {
+        int sig = fatal[i];
+        struct sigaction cur, f;
+        if (g_sig[sig].on || real_sigaction(sig, NULL, &cur) || cur.sa_handler != SIG_DFL)
+            continue;
+        memset(&f, 0, sizeof f);
+        f.sa_sigaction = sig_front;
+        f.sa_flags = SA_SIGINFO | SA_RESTART;
+        g_sig[sig].fn = (void *)SIG_DFL;
+        g_sig[sig].flags = 0;
+        sigemptyset(&g_sig[sig].mask);
+        g_sig[sig].on = g_sig[sig].ever = 1;
+        real_sigaction(sig, &f, NULL);
+    }
 }
 
 /* A forked child starts its streams afresh: so does its count. */

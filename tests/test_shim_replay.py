@@ -376,3 +376,17 @@ def test_a_process_pool_records_and_a_diverged_replay_ends(tmp_path: Path) -> No
     code, rep = replay(tmp_path, steno)
     assert code in (0, 1), rep
     assert (code == 0) == (rep["divergences"] == [] and all(rep["identical"].values())), rep
+
+
+def test_timeout_kills_its_command_where_the_recording_did(tmp_path: Path) -> None:
+    """coreutils `timeout` kills its command's process group from a timer signal. At
+    replay the killer's handler runs at its recorded point at once, long before the
+    command has replayed its part (and before some of its processes exist): each victim
+    dies of the signal where its own tape ends, and a process that exited when recorded
+    outlives it."""
+    steno, out = record(tmp_path, ["bash", "-c", "timeout 0.35 sh -c 'while :; do "
+                                   "date +%N; sleep 0.1; done'; echo rc=$?"])
+    assert out.endswith(b"rc=124\n") and out.count(b"\n") >= 3, out
+    for _ in range(3):
+        code, rep = replay(tmp_path, steno)
+        assert code == 0 and rep["divergences"] == [] and all(rep["identical"].values()), rep
