@@ -358,20 +358,30 @@ def test_git_init_and_commit(tmp_path: Path) -> None:
     assert len(out.splitlines()) == 2, out
 
 
-POOL = """
-    import multiprocessing as mp, os
-    if __name__ == "__main__":
-        with mp.Pool(2) as p:
-            print(sorted(p.map(abs, range(-6, 6))), os.getpid())
-"""
+POOLS = {
+    "multiprocessing": """
+        import multiprocessing as mp, os
+        if __name__ == "__main__":
+            with mp.Pool(2) as p:
+                print(sorted(p.map(abs, range(-6, 6))), os.getpid())
+    """,
+    "concurrent.futures": """
+        import concurrent.futures as cf, os
+        if __name__ == "__main__":
+            with cf.ProcessPoolExecutor(2) as ex:
+                print(sorted(ex.map(abs, range(-6, 6))), os.getpid())
+    """,
+}
 
 
-def test_a_process_pool_records_and_a_diverged_replay_ends(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_a_process_pool_records_and_a_diverged_replay_ends(tmp_path: Path, pool: str) -> None:
     """multiprocessing's locks are semaphores shared between processes: a recorded wait on
     one is woken by another process (it hung under record). Which worker takes which task
     is not ordered across processes, so a replay may diverge; it must then end with the
-    report (exit 1), not wait for the dead worker for ever."""
-    steno, out = record(tmp_path, [PY, script(tmp_path, POOL)])
+    report (exit 1), not wait for the dead worker for ever (nor for a worker orphaned
+    when the main process diverged, which holds the output pipes open)."""
+    steno, out = record(tmp_path, [PY, script(tmp_path, POOLS[pool])])
     assert out.startswith(b"[0, 1, 1, 2, 2, 3"), out
     code, rep = replay(tmp_path, steno)
     assert code in (0, 1), rep

@@ -482,21 +482,46 @@ def _diverged(path: Path, seen: list[int]) -> bool:
     return False
 
 
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _adopt_orphans() -> None:
+    """Be the subreaper of the replayed tree: a process whose parent died (a pool worker
+    whose main process diverged) becomes our child, so it can be found and stopped."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _stop_orphans() -> None:
+    """SIGKILL what is left of a diverged tree (orphans adopted by this process: they
+    hold its output pipes open) and reap it."""
+    for child in _children().get(os.getpid(), []):
+        kill_tree(child)
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
 def wait_unless_diverged(proc: subprocess.Popen[bytes], stop_on: Path | None) -> int:
     """Wait for the tree; but once a replayed process has diverged (and died, in a strict
     replay), give the rest ``DIVERGED_GRACE`` seconds and then stop it: its peers may
-    wait for the dead one for ever (a pool's workers and the pipe they share)."""
+    wait for the dead one for ever (a pool's workers and the pipe they share), even once
+    the program's own process has ended."""
     if stop_on is None:
         return proc.wait()
     seen, since = [-1], None
-    while True:
+    status = None
+    while status is None:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            return proc.wait(timeout=0.2)
+            status = proc.wait(timeout=0.2)
         if since is None:
             since = time.monotonic() if _diverged(stop_on, seen) else None
-        elif time.monotonic() - since > DIVERGED_GRACE:
+        elif status is None and time.monotonic() - since > DIVERGED_GRACE:
             kill_tree(proc.pid)
-            return proc.wait()
+            status = proc.wait()
+    if since is not None or _diverged(stop_on, seen):
+        _stop_orphans()
+    return status
 
 
 def run_under_shim(
@@ -519,6 +544,8 @@ def run_under_shim(
     ``wait_unless_diverged``)."""
     prog = resolve_program(argv, env)
     check_dynamic(prog)
+    if stop_on is not None:
+        _adopt_orphans()
     why_r, why_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     preexec = _seal_preexec(seal, seal_roots(env), why_w) if seal is not None else None
     try:
