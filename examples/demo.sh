@@ -17,10 +17,13 @@ server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -s "$out/port" ] && break; sleep 0.1; done
 export OPENAI_BASE_URL="http://127.0.0.1:$(cat "$out/port")/v1"
-export OPENAI_API_KEY="sk-demo-$(date +%s)-not-a-real-key"
+key="sk-demo-$(date +%s)-not-a-real-key"
+export OPENAI_API_KEY="$key"
 
-say "record: stenograph record -o $out/agent.steno -- python examples/agent.py"
-stenograph record -o "$out/agent.steno" -- "$py" examples/agent.py | tee "$out/recorded.txt"
+# the agent works in examples/ (its --workdir): that directory is its workspace
+say "record: stenograph record --workspace examples -o $out/agent.steno -- python examples/agent.py"
+stenograph record --workspace examples -o "$out/agent.steno" -- "$py" examples/agent.py \
+  | tee "$out/recorded.txt"
 
 say "a plain rerun differs (run id, clock, pid)"
 "$py" examples/agent.py > "$out/rerun.txt"
@@ -35,8 +38,9 @@ stenograph replay "$out/agent.steno" | tee "$out/replayed.txt"
 
 say "compare"
 cmp "$out/recorded.txt" "$out/replayed.txt" && echo "stdout: bit-identical"
-if grep -q "sk-demo-" "$out/agent.steno"; then
-  echo "the API key reached the log!" >&2; exit 1
+# raw, base64 at any alignment, hex, URL-encoded: in every event, blob and snapshot
+if ! stenograph log scan "$out/agent.steno" --secret "$key" > "$out/scan.txt"; then
+  cat "$out/scan.txt" >&2; echo "the API key reached the log!" >&2; exit 1
 fi
 echo "the API key is nowhere in $out/agent.steno"
 stenograph log verify "$out/agent.steno"
