@@ -341,19 +341,66 @@ static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, 
 static int g_live_threads = 1; /* taped threads alive in this process (threads.c) */
 static int g_parked;           /* of which at the end of their tape (die_as_recorded) */
 static void sched_release(tls_t *t);
-static int killed_signal(void) {
-    char path[1100];
-    char *p = s_put(path, path + sizeof path - 1, g_tape);
-    p = s_put(p, path + sizeof path - 1, "/killed");
+
+/* Replay's small files in the tape directory: TAPE/<name>, or TAPE/<this proc>/<name>. */
+#define TAPE_PATH 1400
+static void tape_path(char *path, int own, const char *name) {
+    char *end = path + TAPE_PATH - 1;
+    char *p = s_put(path, end, g_tape);
+    p = s_put(p, end, "/");
+    if (own) {
+        p = s_put(p, end, g_proc);
+        p = s_put(p, end, "/");
+    }
+    p = s_put(p, end, name);
     *p = 0;
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
-    int sig = 0;
-    if (is_err(fd)) return 0;
-    char num[8] = {0};
-    long n = RS3(SYS_read, fd, num, sizeof num - 1);
+}
+
+static void tape_file_put(const char *path, const char *data, size_t n) {
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (is_err(fd)) return;
+    RS3(SYS_write, fd, data, n);
     RS1(SYS_close, fd);
+}
+
+/* Up to n bytes of the file; -1 if it is not there. */
+static long tape_file_get(const char *path, char *data, size_t n) {
+    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    if (is_err(fd)) return -1;
+    long got = RS3(SYS_read, fd, data, n);
+    RS1(SYS_close, fd);
+    return got;
+}
+
+/* A signal number kept in a tape file (decimal); 0 if none. */
+static int tape_signal_get(const char *path) {
+    char num[8] = {0};
+    long n = tape_file_get(path, num, sizeof num - 1);
+    int sig = 0;
     for (long i = 0; i < n && num[i] >= '0' && num[i] <= '9'; i++) sig = sig * 10 + num[i] - '0';
     return sig > 0 && sig < 65 ? sig : 0;
+}
+
+static void tape_signal_put(const char *path, int sig) {
+    char num[2] = {(char)('0' + sig / 10), (char)('0' + sig % 10)};
+    tape_file_put(path, num, sizeof num);
+}
+
+/* The signals whose default action ends a process and which a handler can take: the
+ * deaths replay keeps for a victim's tape end (signals.c, sig_defer_deaths). */
+static const int g_fatal[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM};
+#define NFATAL (sizeof g_fatal / sizeof *g_fatal)
+
+static int is_death(int sig) {
+    for (size_t i = 0; i < NFATAL; i++)
+        if (g_fatal[i] == sig) return 1;
+    return sig == SIGKILL;
+}
+
+static int killed_signal(void) {
+    char path[TAPE_PATH];
+    tape_path(path, 0, "killed");
+    return tape_signal_get(path);
 }
 
 /* The recorded run was killed: its threads were stopped wherever they were, and each
@@ -383,12 +430,8 @@ static void die_as_recorded(int sig) {
 /* Did this process's recording end through exit (TAPE/<proc>/exited)? (No directory for
  * the process at all: killed before it shipped a record.) */
 static int recorded_exit(void) {
-    char path[1400];
-    char *p = s_put(path, path + sizeof path - 1, g_tape);
-    p = s_put(p, path + sizeof path - 1, "/");
-    p = s_put(p, path + sizeof path - 1, g_proc);
-    p = s_put(p, path + sizeof path - 1, "/exited");
-    *p = 0;
+    char path[TAPE_PATH];
+    tape_path(path, 1, "exited");
     struct stat st;
     return !is_err(RS4(SYS_newfstatat, AT_FDCWD, path, &st, 0));
 }
@@ -401,66 +444,42 @@ static void resume_park(tls_t *t); /* live.c: the end of a resumed prefix */
  * child is still on its way to exec the command): TAPE/<proc>/deferred carries it over. */
 static volatile int g_deferred_kill;
 
-static void deferred_path(char *path, size_t n) {
-    char *p = s_put(path, path + n - 1, g_tape);
-    p = s_put(p, path + n - 1, "/");
-    p = s_put(p, path + n - 1, g_proc);
-    p = s_put(p, path + n - 1, "/deferred");
-    *p = 0;
-}
-
 static void deferred_save(void) {
-    char path[1400], num[4] = {0};
+    char path[TAPE_PATH];
     if (!g_deferred_kill || g_mode != MODE_REPLAY) return;
-    deferred_path(path, sizeof path);
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (is_err(fd)) return;
-    num[0] = (char)('0' + g_deferred_kill / 10);
-    num[1] = (char)('0' + g_deferred_kill % 10);
-    RS3(SYS_write, fd, num, 2);
-    RS1(SYS_close, fd);
-}
-
-/* Replay: a signal sent to a whole process group (kill(0), killpg) is kept in
- * TAPE/.group-<live pgid>: a member whose tape ends killed dies of it at its end even if
- * it did not exist yet when the signal was sent (the killer replayed faster). */
-static void group_kill_path(char *path, size_t n, long pgid) {
-    char *p = s_put(path, path + n - 1, g_tape);
-    p = s_put(p, path + n - 1, "/.group-");
-    p = u_put(p, path + n - 1, (uint64_t)pgid);
-    *p = 0;
-}
-
-static void group_kill_note(long pgid, int sig) {
-    char path[1200], num[2] = {(char)('0' + sig / 10), (char)('0' + sig % 10)};
-    if (g_mode != MODE_REPLAY || g_resume || g_build || pgid <= 0) return;
-    if (sig != SIGHUP && sig != SIGINT && sig != SIGQUIT && sig != SIGTERM && sig != SIGKILL &&
-        sig != SIGUSR1 && sig != SIGUSR2 && sig != SIGALRM)
-        return; /* only deaths (timeout's SIGCONT after its SIGTERM is none) */
-    group_kill_path(path, sizeof path, pgid);
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (is_err(fd)) return;
-    RS3(SYS_write, fd, num, 2);
-    RS1(SYS_close, fd);
-}
-
-static int group_killed(void) {
-    char path[1200], num[2];
-    group_kill_path(path, sizeof path, RS1(SYS_getpgid, 0));
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
-    if (is_err(fd)) return 0;
-    int sig = RS3(SYS_read, fd, num, 2) == 2 ? (num[0] - '0') * 10 + num[1] - '0' : 0;
-    RS1(SYS_close, fd);
-    return sig;
+    tape_path(path, 1, "deferred");
+    tape_signal_put(path, g_deferred_kill);
 }
 
 static void deferred_load(void) {
-    char path[1400], num[4] = {0};
-    deferred_path(path, sizeof path);
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
-    if (is_err(fd)) return;
-    if (RS3(SYS_read, fd, num, 2) == 2) g_deferred_kill = (num[0] - '0') * 10 + num[1] - '0';
-    RS1(SYS_close, fd);
+    char path[TAPE_PATH];
+    tape_path(path, 1, "deferred");
+    int sig = tape_signal_get(path);
+    if (sig) g_deferred_kill = sig;
+}
+
+/* Replay: a death sent to a whole process group (kill(0), killpg) is kept in
+ * TAPE/.group-<live pgid>: a member whose tape ends killed dies of it at its end even if
+ * it did not exist yet when the signal was sent (the killer replayed faster). */
+static void group_kill_path(char *path, long pgid) {
+    char name[32];
+    char *p = s_put(name, name + sizeof name - 1, ".group-");
+    p = u_put(p, name + sizeof name - 1, (uint64_t)pgid);
+    *p = 0;
+    tape_path(path, 0, name);
+}
+
+static void group_kill_note(long pgid, int sig) {
+    char path[TAPE_PATH];
+    if (g_mode != MODE_REPLAY || g_resume || g_build || pgid <= 0 || !is_death(sig)) return;
+    group_kill_path(path, pgid); /* (timeout's SIGCONT after its SIGTERM is no death) */
+    tape_signal_put(path, sig);
+}
+
+static int group_killed(void) {
+    char path[TAPE_PATH];
+    group_kill_path(path, RS1(SYS_getpgid, 0));
+    return tape_signal_get(path);
 }
 
 static void await_kill(void) {
@@ -502,12 +521,8 @@ static void dump_where(void) {
     typedef void *(*tstate_t)(void);
     dump_t dump = (dump_t)dlsym(RTLD_DEFAULT, "_Py_DumpTracebackThreads");
     tstate_t cur = (tstate_t)dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
-    char path[1400];
-    char *p = s_put(path, path + sizeof path - 1, g_tape);
-    p = s_put(p, path + sizeof path - 1, "/");
-    p = s_put(p, path + sizeof path - 1, g_proc);
-    p = s_put(p, path + sizeof path - 1, "/where");
-    *p = 0;
+    char path[TAPE_PATH];
+    tape_path(path, 1, "where");
     long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (is_err(fd)) return;
     /* in a forked copy: a thread caught half-made (its state being linked in) can crash

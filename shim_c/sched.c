@@ -116,6 +116,8 @@ static void sched_release(tls_t *t) {
     if (__atomic_load_n(&S.nreq, __ATOMIC_SEQ_CST)) futex_wake_all(&S.word);
 }
 
+/* A turn the replay cannot give as recorded: report it, and stop (or, lenient, run the
+ * rest unscheduled). */
 static void sched_report(tls_t *t, const char *what, uint32_t grant, int op) {
     char line[512];
     char *p = line, *end = line + sizeof line - 2;
@@ -127,6 +129,8 @@ static void sched_report(tls_t *t, const char *what, uint32_t grant, int op) {
     p = s_put(p, end, ")\tasked="); p = s_put(p, end, op_name(CH_SCHED, op));
     *p++ = '\n';
     if (g_reports++ < 500) append_report(line, (size_t)(p - line));
+    if (!g_lenient) diverged();
+    S.broken = 1; /* lenient: the rest runs unscheduled */
 }
 
 /* Record: tell the recorder a stall was broken (a line in the directory of its socket),
@@ -213,8 +217,6 @@ static int32_t take_replay(tls_t *t, int op) {
     if (r.result == SCHED_STOLEN) {
         sched_report(t, "threads ran unscheduled from here (record broke a stall: a "
                         "busy-wait or a blocking call the shim does not see)", r.grant, op);
-        if (!g_lenient) diverged();
-        S.broken = 1;
         return 0;
     }
     int64_t last = 0;
@@ -247,8 +249,6 @@ static int32_t take_replay(tls_t *t, int op) {
         if (now - last > 30 * S.stall_ns) {
             sched_report(t, "the turn never came: the thread holding it did not reach the "
                             "blocking call it made when recorded", r.grant, op);
-            if (!g_lenient) diverged();
-            S.broken = 1;
             return r.result;
         }
     }
@@ -390,8 +390,6 @@ static int sched_wait_for(tls_t *t, int op, void *obj, try_fn try, const struct 
         if (r != want) {
             sched_report(t, want == 0 ? "the wait was over" : "the wait was not over yet",
                          (uint32_t)t->st[CH_SCHED].pos, op);
-            if (!g_lenient) diverged();
-            S.broken = 1;
         }
     }
 }
@@ -419,8 +417,6 @@ static int try_shared_turn(tls_t *t, int op, void *obj, try_fn try) {
             int r = want == 0 ? await_shared(obj, try) : want;
             if (r != want) {
                 sched_report(t, "the wait was over", (uint32_t)t->st[CH_SCHED].pos, op);
-                if (!g_lenient) diverged();
-                S.broken = 1;
             }
             return r;
         }

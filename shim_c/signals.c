@@ -461,21 +461,10 @@ EXPORT int sigwait(const sigset_t *set, int *sig) {
  * `timeout` whose handler runs at its recorded point at once, while the command it
  * kills still has its part to replay) must not kill it sooner: the terminating signals
  * the program leaves at their default get the front handler, which keeps such a signal
- * for the tape's end. (A process whose recording exited takes them live, as before.) */
-static const int g_fatal[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM};
-#define NFATAL (sizeof g_fatal / sizeof *g_fatal)
-
+ * for the tape's end (g_fatal, core.c). (A process whose recording exited outlives them.) */
 /* Across an exec, until the new image's shim has its front handlers, those signals are
  * blocked (a mask survives exec; TAPE/<proc>/premask keeps which the program had
  * blocked itself): a kill landing in that window would take the default action. */
-static void premask_path(char *path, size_t n) {
-    char *p = s_put(path, path + n - 1, g_tape);
-    p = s_put(p, path + n - 1, "/");
-    p = s_put(p, path + n - 1, g_proc);
-    p = s_put(p, path + n - 1, "/premask");
-    *p = 0;
-}
-
 static sigset_t g_exec_old;
 static int g_exec_blocked;
 
@@ -486,14 +475,10 @@ static void sig_exec_block(void) {
     for (size_t i = 0; i < NFATAL; i++) sigaddset(&f, g_fatal[i]);
     raw_mask(SIG_BLOCK, &f, &g_exec_old);
     g_exec_blocked = 1;
-    char path[1400], bits[NFATAL];
-    premask_path(path, sizeof path);
+    char path[TAPE_PATH], bits[NFATAL];
+    tape_path(path, 1, "premask");
     for (size_t i = 0; i < NFATAL; i++) bits[i] = sigismember(&g_exec_old, g_fatal[i]) ? '1' : '0';
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (!is_err(fd)) {
-        RS3(SYS_write, fd, bits, NFATAL);
-        RS1(SYS_close, fd);
-    }
+    tape_file_put(path, bits, NFATAL);
 }
 
 /* The exec failed (a PATH search goes on): the mask as it was. */
@@ -505,12 +490,10 @@ static void sig_exec_failed(void) {
 
 /* The new image, its front handlers in place: unblock what the program had not blocked. */
 static void sig_exec_arrived(void) {
-    char path[1400], bits[NFATAL];
-    premask_path(path, sizeof path);
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
-    if (is_err(fd)) return;
-    long n = RS3(SYS_read, fd, bits, NFATAL);
-    RS1(SYS_close, fd);
+    char path[TAPE_PATH], bits[NFATAL];
+    tape_path(path, 1, "premask");
+    long n = tape_file_get(path, bits, NFATAL);
+    if (n < 0) return;
     RS1(SYS_unlink, path);
     if (n != (long)NFATAL) return;
     sigset_t u;
@@ -521,10 +504,9 @@ static void sig_exec_arrived(void) {
 }
 
 static void sig_defer_deaths(void) {
-    const int *fatal = g_fatal;
     RESOLVE(sigaction);
     for (size_t i = 0; i < NFATAL; i++) {
-        int sig = fatal[i];
+        int sig = g_fatal[i];
         struct sigaction cur, f;
         if (g_sig[sig].on || real_sigaction(sig, NULL, &cur) || cur.sa_handler != SIG_DFL)
             continue;
