@@ -72,9 +72,20 @@ EXPORT ssize_t getrandom(void *buf, size_t n, unsigned int flags) {
     return entropy(CALL_SITE(), OP_GETRANDOM, buf, n, flags, -1);
 }
 
+/* getentropy calls made while paused under record: OpenSSL seeding its generator inside
+ * work replay does not repeat (a tool's body, a real network call). Replay seeds it at
+ * the same point instead, off the tape (steno_paused_seeds, interpose/pytape.py). */
+static uint32_t g_paused_seeds;
+
+EXPORT unsigned steno_paused_seeds(void) {
+    return __atomic_load_n(&g_paused_seeds, __ATOMIC_RELAXED);
+}
+
 EXPORT int getentropy(void *buf, size_t n) {
     if (n > 256) { errno = EIO; return -1; }
     if (!ACTIVE()) {
+        if (g_mode == MODE_RECORD && T.guard)
+            __atomic_fetch_add(&g_paused_seeds, 1, __ATOMIC_RELAXED);
         long r = RS3(SYS_getrandom, buf, n, 0);
         if (is_err(r)) { errno = (int)-r; return -1; }
         return 0;

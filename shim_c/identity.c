@@ -119,12 +119,13 @@ static pid_t virtual_pid(pid_t cached, pid_t live) {
     return g_virt && cached ? cached : live;
 }
 
+/* A process's own pid does not change: it is taped once, in the procinfo record each
+ * process (and image) starts with, and every getpid is served from it, not from a record
+ * of its own. Counting getpid calls by position made the tape depend on who asked first:
+ * asyncio asks at every get_running_loop, and a library's first use of its loop moved
+ * from paused work (a tool's body at record) to taped code (replay). */
 EXPORT pid_t getpid(void) {
-    pid_t live = (pid_t)RS0(SYS_getpid);
-    if (!ACTIVE()) return virtual_pid(g_vpid, live);
-    pid_t v = ident(OP_GETPID, live);
-    if (g_mode == MODE_REPLAY) g_vpid = v;
-    return v;
+    return virtual_pid(g_vpid, (pid_t)RS0(SYS_getpid));
 }
 EXPORT pid_t getppid(void) {
     pid_t live = (pid_t)RS0(SYS_getppid);

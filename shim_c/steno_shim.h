@@ -7,7 +7,8 @@
 #ifndef STENO_SHIM_H
 #define STENO_SHIM_H
 
-#define STENO_PROTOCOL 2 /* 2: sched, meta, signal channels; pid, exit and interface ops; loop ticks */
+#define STENO_PROTOCOL 3 /* 2: sched, meta, signal channels; pid, exit and interface ops; loop ticks
+                          * 3: getpid is not taped per call (the procinfo record has it) */
 /* (the tape's bytes are unchanged by the shared rings below: how records travel to the
  * recorder is not part of what a recording holds) */
 

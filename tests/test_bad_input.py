@@ -331,3 +331,53 @@ def test_closed_store_refuses_appends(tmp_path) -> None:
     with pytest.raises(StenographError):
         s.append("a", "Note", {})
     assert dir_digest(path) == before
+
+
+CLI = [sys.executable, "-m", "stenograph"]
+
+
+@pytest.mark.parametrize("body", [
+    '{"a": 18446744073709551616}',           # an integer msgpack cannot hold
+    '{"a": "\\ud800"}',                       # a lone surrogate: no UTF-8 for it
+    '{"a": ' + "[" * 50_000 + "]" * 50_000 + "}",   # deeper than JSON can be read
+    '{"a": ' + "[" * 600 + "]" * 600 + "}",  # deeper than the log keeps
+])
+def test_log_append_of_a_body_the_log_cannot_hold_changes_nothing(
+        tmp_path: Path, body: str) -> None:
+    """One line, exit 2, and the store byte for byte as it was (its lock and writer
+    stamps included): the body is refused before the store is opened."""
+    store = tmp_path / "s"
+    ok = subprocess.run([*CLI, "log", "append", str(store), "--traj", "t", "--kind", "Note",
+                         "--body", '{"a": 1}'], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    before = dir_digest(store, skip_lock_content=False)
+    p = subprocess.run([*CLI, "log", "append", str(store), "--traj", "t", "--kind", "Note",
+                        "--body", body], capture_output=True, text=True)
+    assert p.returncode == 2, p.stderr[-500:]
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr[-500:]
+    assert p.stderr.startswith("stenograph: error: ")
+    assert "Traceback" not in p.stderr
+    assert dir_digest(store, skip_lock_content=False) == before
+
+
+def test_replay_keep_tape_into_a_directory_holding_files_is_refused(tmp_path: Path) -> None:
+    """The tape is prepared in --keep-tape and overlaid; a directory with a person's files
+    in it is refused in one line, and left as it was."""
+    steno = tmp_path / "r.steno"
+    rec = subprocess.run([*CLI, "record", "--workspace", "none", "-o", str(steno), "--",
+                          "true"], capture_output=True, text=True, cwd=tmp_path)
+    assert rec.returncode == 0, rec.stderr
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me\n")
+    before = dir_digest(mine)
+    p = subprocess.run([*CLI, "replay", "--keep-tape", str(mine), str(steno)],
+                       capture_output=True, text=True)
+    assert p.returncode == 2, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "--keep-tape" in p.stderr
+    assert dir_digest(mine) == before
+    empty = tmp_path / "empty"
+    ok = subprocess.run([*CLI, "replay", "--keep-tape", str(empty), str(steno)],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert (empty / "py").is_dir()

@@ -41,6 +41,17 @@ def secret(i: int) -> str:
 
 
 URL_PASSWORD = "Zq+/" + secret(18)[2:] + "=&"
+
+
+def shaped(i: int) -> str:
+    """A key in a provider's shape, for placements 27-33 (the program computes the same):
+    no name says it is a secret, only its shape does."""
+    s = secret(i)
+    return {27: "sk-" + s * 2, 28: "sk-ant-api03-" + s * 2, 29: "ghp_" + (s * 2)[:36],
+            30: "github_pat_" + (s * 4)[:82], 31: "xoxb-" + s,
+            32: "AKIA" + s[2:18].upper(),
+            33: "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiI" + s + "In0." + (s * 2)[:43]}[i]
+
 ENV = {
     "SERVICE_TOKEN": secret(12),
     "SIGNING_KEY": secret(16),
@@ -78,6 +89,13 @@ PLACEMENTS: dict[str, tuple[int, str]] = {
     "token endpoint response": (24, secret(24)),
     "large body spilled to blobs": (25, secret(25)),
     "base64/hex of a key learnt from Authorization": (26, secret(26)),
+    "OpenAI-shaped key in a URL path only": (27, shaped(27)),
+    "Anthropic-shaped key base64-encoded in a JSON body": (28, shaped(28)),
+    "GitHub token hex-encoded in a JSON body": (29, shaped(29)),
+    "GitHub fine-grained token in a URL path only": (30, shaped(30)),
+    "Slack token base64-encoded in a JSON body": (31, shaped(31)),
+    "AWS access key id in a URL path only": (32, shaped(32)),
+    "JWT in a JSON body under an innocent name": (33, shaped(33)),
 }
 
 PROGRAM = textwrap.dedent("""
@@ -87,6 +105,13 @@ PROGRAM = textwrap.dedent("""
 
     def S(i):
         return "Zq" + hashlib.sha256(f"steno-placement-{i}".encode()).hexdigest()[:22]
+
+    def K(i):
+        s = S(i)
+        return {27: "sk-" + s * 2, 28: "sk-ant-api03-" + s * 2, 29: "ghp_" + (s * 2)[:36],
+                30: "github_pat_" + (s * 4)[:82], 31: "xoxb-" + s,
+                32: "AKIA" + s[2:18].upper(),
+                33: "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiI" + s + "In0." + (s * 2)[:43]}[i]
 
     base, args = sys.argv[1], sys.argv[2:]
     s = requests.Session()
@@ -129,6 +154,13 @@ PROGRAM = textwrap.dedent("""
     k26 = S(26).encode()
     go("POST", "/b/26", headers={"Authorization": "Bearer " + S(26), **text},
        data=b64s(k26) + " " + k26.hex() + " " + k26.hex().upper())
+    go("GET", "/k/27/" + K(27) + "/x")
+    go("POST", "/k/28", json={"blob": base64.b64encode(K(28).encode()).decode()})
+    go("POST", "/k/29", json={"data": K(29).encode().hex()})
+    go("GET", "/k/30/" + K(30))
+    go("POST", "/k/31", json={"attachment": base64.b64encode(b"cfg: " + K(31).encode()).decode()})
+    go("GET", "/k/32/" + K(32))
+    go("POST", "/k/33", json={"note": K(33)})
     print("visible", go("GET", "/visible").json()["visible"])
     print("done")
 """)

@@ -109,7 +109,8 @@ def test_symbol_rows_name_known_ops_and_match_the_exports() -> None:
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
     hooks = {"steno_pause", "steno_resume", "steno_getenv", "steno_reentries",
              "steno_tape_put", "steno_tape_get", "steno_gate_next", "steno_wait_fds",
-             "steno_tape_ended", "steno_go_live", "steno_is_live", "steno_park_live"}
+             "steno_tape_ended", "steno_go_live", "steno_is_live", "steno_park_live",
+             "steno_paused_seeds"}
     assert exported - hooks == {name for _kind, name, _ch, _op in rows}
 
 

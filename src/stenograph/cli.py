@@ -307,6 +307,7 @@ def log_import(file: Path, store: Path, as_traj: str | None) -> None:
 @click.option("--no-sync", is_flag=True, help="Return before the event is durable.")
 def log_append(store: Path, traj: str, kind: str, body: str, no_sync: bool) -> None:
     """Append one event to STORE (created if missing) and print its LSN."""
+    from stenograph.recorder.codec import pack_body
     from stenograph.recorder.kinds import check_kind
     from stenograph.recorder.store import Store, check_traj
 
@@ -314,10 +315,13 @@ def log_append(store: Path, traj: str, kind: str, body: str, no_sync: bool) -> N
         parsed = json.loads(body)
     except json.JSONDecodeError as exc:
         raise BadInput(f"--body is not JSON: {exc}") from None
+    except RecursionError:
+        raise BadInput("--body is nested too deep to read") from None
     if not isinstance(parsed, dict):
         raise BadInput("--body must be a JSON object")
     check_kind(kind)
     check_traj(traj)
+    pack_body(parsed)  # what the store would refuse, refused before it is opened
     try:
         with Store(store) as st:
             lsn = st.append(traj, kind, parsed, durable=not no_sync)

@@ -45,6 +45,7 @@ from stenograph.interpose.launch import Seal, run_under_shim
 from stenograph.interpose.shim import PROTOCOL
 from stenograph.interpose.workspace import prepare as prepare_workspace
 from stenograph.interpose.workspace import recorded_rules, start_snapshot
+from stenograph.recorder import keyshapes
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import BadInput, ReplayDiverged
@@ -217,6 +218,7 @@ def _run(rec: Any, fp: forking.ForkPlan, extra: list[dict[str, Any]], out: Path,
                         "STENO_SOCK": session.sock_path, "STENO_PYSOCK": exchanges.path,
                         "STENO_STORE": str(store_dir), "STENO_TRAJ": traj,
                         "STENO_EPOCH": "1"}
+            keyshapes.install(keyshapes.for_run(started), tape)
             if model_url:
                 settings["STENO_MODEL_URL"] = model_url
             if effects_url:

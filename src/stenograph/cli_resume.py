@@ -22,12 +22,14 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
 from stenograph.cli_checks import traj_id
+from stenograph.cli_lines import needs_person_line, paused_line, stopped_line
 from stenograph.cli_run import (
     Worker,
     _exit_code,
@@ -39,15 +41,17 @@ from stenograph.cli_run import (
     policy_options,
     replay_env,
     run_ended,
-    stopped_line,
     sweep_dead_sockets,
 )
 from stenograph.interpose import resume_plan
-from stenograph.interpose.launch import Seal, run_under_shim, seal_roots
+from stenograph.interpose.launch import HeldSeal, Seal, run_under_shim, seal_roots
 from stenograph.interpose.shim import PROTOCOL
-from stenograph.interpose.workspace import recorded_rules, start_snapshot
+from stenograph.interpose.workspace import WorkspaceMount, recorded_rules, start_snapshot
+from stenograph.interpose.workspace import prepare as prepare_workspace
+from stenograph.recorder import keyshapes
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.checkpoints import Checkpointer
+from stenograph.recorder.codec import Event
 from stenograph.recorder.drift import signature, tool_calls_of
 from stenograph.recorder.errors import (
     BadInput,
@@ -60,16 +64,10 @@ from stenograph.recorder.errors import (
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.resumes import ResumePlan, plan, settled_entry
-from stenograph.recorder.snapshots import (
-    Cadence,
-    IgnoreRules,
-    Limits,
-    Snapshotter,
-    load_manifest,
-    reset_tree,
-)
+from stenograph.recorder.snapshots import Cadence, Limits, Snapshotter, load_manifest
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import RecordSession, prepare_tape, read_divergences
+from stenograph.runner.writeback import write_back
 
 
 @click.command("resume")
@@ -146,7 +144,7 @@ def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
             for ev in rp.events:
                 if ev.kind == "Exchange" and ev.body.get("channel") == "model":
                     ExchangeServer.spend_into(authorizer, ev.body, BlobStore(store / "blobs"))
-        outcome = _run(store, traj, rp, worker, authorizer,
+        outcome = _run(store, traj, rp, worker, events, authorizer,
                        _drift_plan(rp, drift, BlobStore(store / "blobs")))
     except StenographError:
         lost = worker.fenced()
@@ -155,12 +153,7 @@ def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
         raise
     finally:
         worker.close()
-    _finish(traj, rp, outcome, as_json)
-
-
-def paused_line(traj: str, call_id: str) -> str:
-    return (f"{traj} paused: {call_id} waits for approval; `stenograph approve|deny STORE "
-            f"{traj} {call_id} --by NAME`, then `stenograph resume STORE {traj}`")
+    _finish(store, traj, rp, outcome, as_json)
 
 
 def _say(as_json: bool, doc: dict[str, Any], line: str) -> None:
@@ -196,7 +189,7 @@ def _drift_plan(rp: ResumePlan, mode: str, blobs: BlobStore) -> dict[str, Any]:
             "in_doubt_tools": sorted(tools)}
 
 
-def _run(store: Path, traj: str, rp: ResumePlan, worker: Worker,
+def _run(store: Path, traj: str, rp: ResumePlan, worker: Worker, all_events: list[Event],
          authorizer: Any = None, drift: dict[str, Any] | None = None) -> dict[str, Any]:
     """Claim, restore, run; the outcome for the report."""
     started = rp.started
@@ -206,6 +199,7 @@ def _run(store: Path, traj: str, rp: ResumePlan, worker: Worker,
     epoch = max(worker.epoch, rp.state.epoch + 1)
     out: dict[str, Any] = {"epoch": epoch, "cut": rp.cut,
                            "in_doubt": [d["call_id"] for d in rp.in_doubt]}
+    held: HeldSeal | None = None
     try:
         with Store(store, shared=True) as s:
             s.append(traj, "LeaseAcquired", {"epoch": epoch, "pid": os.getpid(),
@@ -216,15 +210,20 @@ def _run(store: Path, traj: str, rp: ResumePlan, worker: Worker,
                 entry = settled_entry(done["intent"], done["settled"].get("result"))
                 s.append(traj, "Exchange", entry)
                 entries.append(entry)
-            from stenograph.recorder.codec import Event
-
             extra_events = [Event(0, traj, 1 << 60, None, "Exchange", e) for e in entries]
             prepare_tape(rp.events, tape)
             prepare_py_tape([*rp.events, *extra_events], tape, BlobStore(store / "blobs"))
+            keys = {str(e.body["idempotency_key"]): str(e.body.get("call_id"))
+                    for e in rp.events
+                    if e.kind == "ToolIntent" and e.body.get("idempotency_key")}
             (tape / "py" / resume_plan.FILE).write_text(json.dumps(
                 {"in_doubt": {d["call_id"]: d for d in rp.in_doubt},
-                 "approvals": rp.approvals, "drift": drift or {}}))
-            checkpoints = _restore_workspace(s, store, traj, rp, out)
+                 "approvals": rp.approvals, "drift": drift or {}, "keys": keys}))
+            sw = _seal_workspace(s, store, traj, rp, tape, all_events, out)
+            checkpoints = sw.checkpoints if sw is not None else None
+            held = HeldSeal(_seal(started, tape, sock_dir, store, sw), os.environ)
+            if sw is not None:  # checkpoints of what the program sees
+                sw.checkpoints.snap.read_from = held.view
             session = RecordSession(s, traj, sock_dir / "tape.sock")
             exchanges = ExchangeServer(
                 s, traj, sock_dir / "py.sock",
@@ -240,94 +239,82 @@ def _run(store: Path, traj: str, rp: ResumePlan, worker: Worker,
                      "STENO_SOCK": session.sock_path, "STENO_PYSOCK": exchanges.path,
                      "STENO_STORE": str(store.resolve()), "STENO_TRAJ": traj,
                      "STENO_EPOCH": str(epoch)}
+            keyshapes.install(keyshapes.for_run(started), tape)
             if started.get("asyncio"):
                 extra["STENO_ASYNCIO"] = "1"
             if authorizer is not None:
                 extra["STENO_AUTHORIZE"] = "1"
             cwd = started.get("cwd")
-            t0 = time.monotonic()
             try:
-                result = run_under_shim(
-                    [str(a) for a in started["argv"]], _shim_env(env, "replay", **extra),
-                    cwd=cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None,
-                    passthrough=True, seal=_seal(started, tape, sock_dir, store),
-                    started=worker.started)
+                _outcome(s, traj, epoch, tape, sock_dir, started, env, extra, cwd, held,
+                         worker, checkpoints, session, exchanges, flusher, out)
             finally:
-                flusher.close()
-                exchanges.close()
-                stats = session.close()
-            out["seconds"] = round(time.monotonic() - t0, 3)
-            if (lost := worker.fenced()) is not None:
-                raise lost
-            out["status"] = result.status
-            divs = [d for d in read_divergences(tape) if d.kind == "divergence"]
-            attention = tape / resume_plan.ATTENTION
-            if attention.exists():
-                out["attention"] = json.loads(attention.read_text())
-                return out
-            if divs:
-                out["divergences"] = [d.to_json() for d in divs]
-                return out
-            if exchanges.paused_for is not None:
-                out["paused"] = exchanges.paused_for
-                return out
-            if exchanges.stopped_for is not None:
-                out["stopped"] = exchanges.stopped_for
-                return out
-            if checkpoints is not None:
-                s.flush()
-                checkpoints.end(s.synced_lsn)
-            s.append(traj, "RunEnded", {
-                **run_ended(result, stats, exchanges, checkpoints,
-                            _stalls(sock_dir / "stalls")),
-                "tmp_created": {}, "resumed": epoch})
-            out["ended"] = True
+                held.close()
+            if sw is not None and "divergences" not in out and worker.fenced() is None:
+                _write_back(sw, store, traj, epoch, out)
             return out
     finally:
+        if held is not None:
+            held.close()
         shutil.rmtree(tape, ignore_errors=True)
         shutil.rmtree(sock_dir, ignore_errors=True)
 
 
-def _restore_workspace(s: Store, store: Path, traj: str, rp: ResumePlan,
-                       out: dict[str, Any]) -> Checkpointer | None:
-    """The workspace back to the run's start (the replayed prefix redoes its writes);
-    what the crash left is snapshotted first, so nothing in it is lost."""
-    snap = start_snapshot(rp.events)
-    ws = rp.started.get("workspace")
-    if snap is None or not isinstance(ws, dict):
-        return None
-    blobs = BlobStore(store / "blobs")
-    rules = recorded_rules(rp.started)
-    roots = [r for r in rules if os.path.isdir(r)]
-    limits = Limits(files=1 << 40, bytes=1 << 62)
-    checkpoints = Checkpointer(s, traj, Snapshotter(blobs, roots, rules, limits), Cadence())
-    checkpoints.turns = rp.state.turns
-    before = checkpoints.snap.take()
-    s.append(traj, "Checkpoint", {
-        "at": "pre-resume", "turn": rp.state.turns, "covers_lsn": s.synced_lsn,
-        "snapshot": before.ref.to_body(), "files": before.files,
-        "bytes_added": before.bytes_added, "full": before.full,
-        "seconds": round(before.seconds, 6)}, durable=True)
-    manifest = load_manifest(blobs, snap)
-    changed = 0
-    for root in manifest.roots:
-        os.makedirs(root, exist_ok=True)
-        changed += reset_tree(blobs, manifest.trees.get(root, {}), root,
-                              rules.get(root, IgnoreRules()))
-    out["workspace_restored"] = changed
-    return checkpoints
+def _outcome(s: Store, traj: str, epoch: int, tape: Path, sock_dir: Path,
+             started: dict[str, Any], env: dict[str, str], extra: dict[str, str], cwd: Any,
+             held: HeldSeal, worker: Worker, checkpoints: Checkpointer | None,
+             session: RecordSession, exchanges: ExchangeServer, flusher: _Flusher,
+             out: dict[str, Any]) -> None:
+    """Run the program in the sealed namespace; how it ended, into ``out``."""
+    t0 = time.monotonic()
+    try:
+        result = run_under_shim(
+            [str(a) for a in started["argv"]], _shim_env(env, "replay", **extra),
+            cwd=cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None,
+            passthrough=True, held=held, started=worker.started)
+    finally:
+        flusher.close()
+        exchanges.close()
+        stats = session.close()
+    out["seconds"] = round(time.monotonic() - t0, 3)
+    if (lost := worker.fenced()) is not None:
+        raise lost
+    out["status"] = result.status
+    divs = [d for d in read_divergences(tape) if d.kind == "divergence"]
+    attention = tape / resume_plan.ATTENTION
+    if attention.exists():
+        out["attention"] = json.loads(attention.read_text())
+        return
+    if divs:
+        out["divergences"] = [d.to_json() for d in divs]
+        return
+    if exchanges.paused_for is not None:
+        out["paused"] = exchanges.paused_for
+        out["paused_call"] = exchanges.paused_call
+        return
+    if exchanges.stopped_for is not None:
+        out["stopped"] = exchanges.stopped_for
+        out["stopped_at"] = exchanges.stopped_at
+        return
+    if checkpoints is not None:
+        s.flush()
+        checkpoints.end(s.synced_lsn)
+    s.append(traj, "RunEnded", {
+        **run_ended(result, stats, exchanges, checkpoints, _stalls(sock_dir / "stalls")),
+        "tmp_created": {}, "resumed": epoch})
+    out["ended"] = True
 
 
-def _seal(started: dict[str, Any], tape: Path, sock_dir: Path, store: Path) -> Seal:
+def _seal(started: dict[str, Any], tape: Path, sock_dir: Path, store: Path,
+          sw: SealedWorkspace | None) -> Seal:
     """/tmp, /var/tmp and $TMPDIR as the run found them: what was made there since it
     started is hidden (the replayed prefix makes the same names again), except the
-    directories this resume needs (the store, the working directory, its own); the
-    workspace stays the real one (the resumed run's writes are real)."""
+    directories this resume needs (the store, the working directory, its own); each
+    workspace root an overlay of its start snapshot, written in ``sw.writes``."""
     before: Any = None
     with contextlib.suppress(OSError, ValueError, AttributeError, StenographError):
         before = json.loads(BlobStore(store / "blobs").get(
             BlobRef.from_body(started.get("tmp_names"))))
-    roots = [r for r in recorded_rules(started) if os.path.isdir(r)]
     needed = [os.path.realpath(p) for p in (tape, sock_dir, store,
                                              str(started.get("cwd") or "/"))]
     hide: dict[str, list[str]] = {}
@@ -345,25 +332,123 @@ def _seal(started: dict[str, Any], tape: Path, sock_dir: Path, store: Path) -> S
     stage = tape / ".seal"
     stage.mkdir(exist_ok=True)
     # the real directories stay the real ones where they lie under a temporary root:
-    # the workspace (the resumed run's writes are real), the store, the tape
+    # the store, the tape (a snapshotted workspace has its own overlay)
+    temps = seal_roots(os.environ)
+    under_temp = [os.path.realpath(r) for r in [str(store)] + (
+        [] if sw is not None else [r for r in recorded_rules(started) if os.path.isdir(r)])]
     keep = [str(tape.resolve()), str(sock_dir.resolve()),
-            *(os.path.realpath(r) for r in [*roots, str(store)]
-              if any(os.path.realpath(r).startswith(t + "/") for t in seal_roots(os.environ)))]
+            *(r for r in under_temp if any(r.startswith(t + "/") for t in temps))]
+    cwd = started.get("cwd")
     return Seal(hide=hide,
                 state={str(k): v for k, v in state.items() if v is None or isinstance(v, dict)},
-                keep=keep, stage=str(stage.resolve()))
+                keep=keep, stage=str(stage.resolve()),
+                workspaces=sw.mounts if sw is not None else (),
+                keep_writes=str(sw.writes.resolve()) if sw is not None else None,
+                cwd=cwd if sw is not None and isinstance(cwd, str) else None)
 
 
-def _finish(traj: str, rp: ResumePlan, out: dict[str, Any], as_json: bool) -> None:
+@dataclass
+class SealedWorkspace:
+    """The workspace a resume runs in: each recorded root an overlay of its start snapshot
+    (``workspace.prepare``), the program's writes collected in ``writes/<name>`` and put
+    into the real roots when it ends (``runner.writeback``)."""
+
+    mounts: list[WorkspaceMount]
+    roots: list[str]
+    writes: Path
+    checkpoints: Checkpointer
+    known: dict[str, dict[str, set[str]]]
+    """root -> relative path -> sha256 of every version the run had there (the start
+    snapshot's and the crashed run's checkpoints'): not set aside when replaced."""
+
+
+def _seal_workspace(s: Store, store: Path, traj: str, rp: ResumePlan, tape: Path,
+                    all_events: list[Event], out: dict[str, Any]) -> SealedWorkspace | None:
+    """What the crash left is snapshotted first (a ``pre-resume`` checkpoint: nothing in
+    it is lost whatever happens next); the start snapshot is restored under the tape for
+    the overlays. The real roots are not touched."""
+    snap = start_snapshot(rp.events)
+    ws = rp.started.get("workspace")
+    if snap is None or not isinstance(ws, dict):
+        return None
+    blobs = BlobStore(store / "blobs")
+    rules = recorded_rules(rp.started)
+    roots = [r for r in rules if os.path.isdir(r)]
+    limits = Limits(files=1 << 40, bytes=1 << 62)
+    before = Snapshotter(blobs, roots, rules, limits).take()
+    s.append(traj, "Checkpoint", {
+        "at": "pre-resume", "turn": rp.state.turns, "covers_lsn": s.synced_lsn,
+        "snapshot": before.ref.to_body(), "files": before.files,
+        "bytes_added": before.bytes_added, "full": before.full,
+        "seconds": round(before.seconds, 6)}, durable=True)
+    manifest = load_manifest(blobs, snap)
+    mounts = prepare_workspace(manifest, blobs, rules, tape / "ws")
+    known: dict[str, dict[str, set[str]]] = {}
+    ran = [BlobRef.from_body(e.body["snapshot"]) for e in all_events
+           if e.kind == "Checkpoint" and e.body.get("at") not in ("pre-resume", "start")]
+    refs = [snap, *ran[-3:]]
+    for ref in refs:
+        with contextlib.suppress(OSError, KeyError, ValueError, StenographError):
+            m = load_manifest(blobs, ref)
+            for root, tree in m.trees.items():
+                for rel, e in tree.items():
+                    if e.kind == "f":
+                        known.setdefault(root, {}).setdefault(rel, set()).add(e.sha256)
+    checkpoints = Checkpointer(s, traj, Snapshotter(blobs, list(manifest.roots), rules, limits),
+                               Cadence())
+    checkpoints.turns = rp.state.turns
+    writes = tape / "writes"
+    writes.mkdir()
+    out["workspace_sealed"] = len(mounts)
+    return SealedWorkspace(mounts, list(manifest.roots), writes, checkpoints, known)
+
+
+def _write_back(sw: SealedWorkspace, store: Path, traj: str, epoch: int,
+                out: dict[str, Any]) -> None:
+    """The resumed program's writes into the real roots; what was in their way set aside
+    under ``STORE/set-aside/TRAJ/e<epoch>/``."""
+    aside_base = store / "set-aside" / traj / f"e{epoch}"
+    written = removed = 0
+    aside: list[str] = []
+    for m in sw.mounts:
+        upper = sw.writes / m.name
+        if not upper.is_dir():
+            continue
+        for root in (r for r in sw.roots if r == m.target or r.startswith(m.target + "/")):
+            # an overlay mounted on an ancestor (the root was gone) holds the root under it
+            src = upper / os.path.relpath(root, m.target) if root != m.target else upper
+            if not src.is_dir():
+                continue
+            known = sw.known.get(root, {})
+            done = write_back(src, root, aside_base / m.name,
+                              lambda rel, k=known: k.get(rel, set()))
+            written += done.written
+            removed += done.removed
+            aside += [os.path.join(root, p) for p in done.set_aside]
+    out["workspace_written"] = written
+    out["workspace_removed"] = removed
+    if aside:
+        out["set_aside"] = {"dir": str(aside_base), "paths": aside}
+
+
+def _finish(store: Path, traj: str, rp: ResumePlan, out: dict[str, Any],
+            as_json: bool) -> None:
     doc = {"traj": traj, "resumed": True, **out}
     if as_json:
         click.echo(json.dumps(doc, sort_keys=True, default=str))
+    if out.get("set_aside"):
+        paths = out["set_aside"]["paths"]
+        click.echo(f"stenograph: set aside {len(paths)} file(s) the resumed run replaced "
+                   f"(changed since the crash): {', '.join(paths[:5])}"
+                   f"{' ...' if len(paths) > 5 else ''} -> {out['set_aside']['dir']}",
+                   err=True)
     if "attention" in out:
-        raise NeedsPerson(out["attention"]["line"], traj)
+        raise NeedsPerson(needs_person_line(str(store), traj, out["attention"]["line"]))
     if "paused" in out:
-        raise Paused(paused_line(traj, out["paused"]))
+        raise Paused(paused_line(str(store), traj, out["paused"], out.get("paused_call", {})))
     if "stopped" in out:
-        raise Stopped(stopped_line(traj, out["stopped"]))
+        raise Stopped(stopped_line(str(store), traj, out["stopped"],
+                                   out.get("stopped_at", {})))
     if "divergences" in out:
         for d in out["divergences"][:5]:
             if d.get("detail"):  # a Python hook's call: its report is the diff

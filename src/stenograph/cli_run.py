@@ -31,6 +31,7 @@ import click
 
 from stenograph import __version__, buildreplay
 from stenograph.cli_checks import input_file, output_file, traj_id
+from stenograph.cli_lines import fenced_line, paused_line, stopped_line
 from stenograph.interpose.launch import (
     RunResult,
     Seal,
@@ -53,6 +54,7 @@ from stenograph.interpose.workspace import (
 )
 from stenograph.interpose.workspace import plan as plan_workspace
 from stenograph.interpose.workspace import prepare as prepare_workspace
+from stenograph.recorder import keyshapes
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.checkpoints import Checkpointer
 from stenograph.recorder.codec import Event
@@ -68,6 +70,7 @@ from stenograph.recorder.errors import (
     WriteFailed,
 )
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
+from stenograph.recorder.keyshapes import KeyShapes
 from stenograph.recorder.resumes import view
 from stenograph.recorder.snapshots import Cadence, MapBlobs, Snapshotter, load_manifest
 from stenograph.recorder.store import Store
@@ -89,19 +92,21 @@ tool calls are served from the tape. The same names as every other redaction
 REDACTED_ENV = "<redacted>"
 
 
-def recorded_env(environ: dict[str, str]) -> dict[str, str]:
+def recorded_env(environ: dict[str, str], shapes: KeyShapes | None = None) -> dict[str, str]:
     """The program's whole environment as recorded: the replay restores exactly this, so
     e.g. ``OPENAI_BASE_URL`` (part of every request fingerprint) is the recorded one. A
-    secret-named variable's value, a URL's password and copies of either are redacted."""
-    rules = RedactionRules.from_env(environ, [])
+    secret-named variable's value, a URL's password, a value in a known key's shape and
+    copies of any of them are redacted."""
+    rules = RedactionRules.from_env(environ, [], shapes)
     return {k: rules.env_value(k, v) for k, v in environ.items()
             if not k.startswith("STENO_") and k != "LD_PRELOAD"}
 
 
-def recorded_argv(argv: list[str], environ: dict[str, str]) -> list[str]:
+def recorded_argv(argv: list[str], environ: dict[str, str],
+                  shapes: KeyShapes | None = None) -> list[str]:
     """The command as recorded: values of secret-named flags (``--api-key V``,
     ``--token=V``) and arguments equal to a secret of the environment redacted."""
-    return RedactionRules.from_env(environ, []).argv(argv)
+    return RedactionRules.from_env(environ, [], shapes).argv(argv)
 
 
 def replay_env(recorded: dict[str, str], environ: dict[str, str]) -> dict[str, str]:
@@ -196,6 +201,7 @@ class Worker:
 
         if not is_store(store):  # the lease lives in the store: make it first
             init_store(store)
+        self.store = store
         self.leases = LocalLeases(store)
         self.lease = self.leases.acquire(traj, epoch, ttl)
         self.proc: Any = None
@@ -221,8 +227,9 @@ class Worker:
             return None
         who = self.lost_to
         by = f" by pid {who.pid} on {who.host} at epoch {who.epoch}" if who else ""
-        return StoreFenced(f"lost the lease on {self.lease.traj}: taken over{by} while this "
-                           "worker was not renewing it; this worker stopped", None)
+        return StoreFenced(fenced_line(
+            str(self.store), self.lease.traj, f"lost the lease on {self.lease.traj}: taken "
+            f"over{by} while this worker was not renewing it; this worker stopped"), None)
 
     def close(self) -> None:
         self.heartbeat.close()
@@ -247,11 +254,6 @@ def make_authorizer(policy_file: str | None, budget_tokens: int | None,
         return None
     policy = Policy.load(policy_file) if policy_file else Policy()
     return Authorizer(policy, Budget(budget_tokens, budget_usd, load_prices(prices_file)))
-
-
-def stopped_line(traj: str, reason: str) -> str:
-    return (f"{traj} stopped: {reason}; `stenograph resume STORE {traj}` with a larger "
-            "budget continues")
 
 
 @click.command("record")
@@ -332,13 +334,11 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
             _record_failed(exc, store_path, existed, traj, ran.get("result"), ran.get("lost"),
                            out, keep_store=bool(store_dir))
         if exchanges.paused_for is not None:
-            from stenograph.cli_resume import paused_line
-
-            raise Paused(paused_line(traj, exchanges.paused_for).replace(
-                "STORE", str(store_path)), str(store_path))
+            raise Paused(paused_line(str(store_path), traj, exchanges.paused_for,
+                                     exchanges.paused_call))
         if exchanges.stopped_for is not None:
-            raise Stopped(stopped_line(traj, exchanges.stopped_for).replace(
-                "STORE", str(store_path)), str(store_path))
+            raise Stopped(stopped_line(str(store_path), traj, exchanges.stopped_for,
+                                       exchanges.stopped_at))
         if not store_dir:
             shutil.rmtree(store_path, ignore_errors=True)
         click.echo(
@@ -463,15 +463,17 @@ def _record_leased(store_path: Path, traj: str, argv: list[str], env: dict[str, 
                    tmp: str, asyncio_loop: bool, ran: dict[str, Any],
                    ws: WorkspacePlan | None, cadence: Cadence | None, authorizer: Any,
                    worker: Worker) -> tuple[Any, Any, list[dict[str, str]], RunResult]:
+    shapes = keyshapes.for_run()
+    keyshapes.install(shapes, tmp)  # beside the exchange socket
     with Store(store_path, shared=True) as store:
         first = store.append(traj, "RunStarted", {
-            "argv": recorded_argv(argv, dict(os.environ)),
+            "argv": recorded_argv(argv, dict(os.environ), shapes),
             "cwd": os.getcwd(),
-            "env": recorded_env(dict(os.environ)),
+            "env": recorded_env(dict(os.environ), shapes),
             "shim": shim_version(),
             "stenograph": __version__,
             "started": time.time(),
-            "redaction": RedactionRules.from_env().to_body(),
+            "redaction": RedactionRules.from_env(shapes=shapes).to_body(),
             "sealed_state": snapshot_state(),  # what replay puts back (launch.Seal)
             "asyncio": asyncio_loop,
             "workspace": ws.to_body() if ws else None,
@@ -661,6 +663,11 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         if not eq or not name or name.startswith("STENO_") or "\0" in item:
             raise BadInput("--env wants NAME=VALUE (not a STENO_ variable)", item)
         overrides[name] = value
+    if keep_tape is not None:
+        kt = Path(keep_tape)
+        if kt.exists() and (not kt.is_dir() or any(kt.iterdir())):
+            raise BadInput("--keep-tape: not an empty directory (the tape is prepared in "
+                           "it, and nothing of yours may be mixed in or overlaid)", keep_tape)
     if keep_writes is not None:
         if unsealed:
             raise BadInput("--keep-writes needs a sealed replay (drop --unsealed)")
@@ -691,6 +698,7 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
             raise CorruptLog("RunStarted has no environment map", file, 0)
         env = replay_env({str(k): str(v) for k, v in rec_env.items()}, dict(os.environ))
         env.update(overrides)
+        keyshapes.install(keyshapes.for_run(started), tape)
         extra = {"STENO_TAPE": str(tape)}
         if build:
             extra["STENO_BUILD"] = "1"  # and no loop tape: another build's ticks differ

@@ -149,7 +149,8 @@ def target_of(body: dict[str, Any]) -> str:
     req = body.get("request") if isinstance(body.get("request"), dict) else {}
     url = str(req.get("url", "?"))
     if req.get("method") == "CALL":
-        return f"tool {url.partition(':')[2]}" if body.get("channel") == "tool" else url
+        return f"tool {url.partition(':')[2]}" if str(body.get("channel")).endswith(
+            "tool") else url
     return f"{req.get('method', '?')} {url}"
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stenograph.interpose.fingerprint import fingerprint
-from stenograph.interpose.pytape import PyTape, ReplayExhausted, current
+from stenograph.interpose.pytape import PyTape, ReplayExhausted, Slot, current
 
 PAUSED_EXIT = 5
 CHANNEL = "approval"
@@ -65,22 +65,22 @@ def approval(call: str, summary: str = "", *,
     if tape is None:
         raise ApprovalDenied(f"{call}: no stenograph run to hold it for approval")
     with tape.shim.paused():
-        pos = tape.begin(CHANNEL)
+        slot = tape.begin(CHANNEL)
         request = {"method": "APPROVAL", "url": f"{CHANNEL}:{call}",
                    "body": summary.encode()}
         fp = fingerprint("APPROVAL", request["url"], request["body"])
         if tape.mode == "replay":
             try:
-                entry = tape.take(CHANNEL, pos, request, fp)
+                entry = tape.take(slot.stream, slot.pos, request, fp)
             except ReplayExhausted as exc:
                 raise ApprovalDenied(str(exc)) from None
             return _outcome(call, entry.get("result") or {})
         # a resume gone live before this call (a tool left in doubt after its approval):
         # the decision the prefix recorded stands
-        entry = tape.recorded(CHANNEL, pos, fp) if tape.resuming else None
+        entry = tape.recorded(slot.stream, slot.pos, fp) if tape.resuming else None
         if entry is not None:
             return _outcome(call, entry.get("result") or {})
-        return _live(tape, call, summary, pos, request, fp, expires, precondition)
+        return _live(tape, call, summary, slot, request, fp, expires, precondition)
 
 
 def _outcome(call: str, result: dict[str, Any]) -> Approval:
@@ -91,11 +91,9 @@ def _outcome(call: str, result: dict[str, Any]) -> Approval:
     return Approval(call, result.get("by"), result.get("note"))
 
 
-def _live(tape: PyTape, call: str, summary: str, pos: int, request: dict[str, Any], fp: str,
-          expires: Any, precondition: Callable[[], Any] | None) -> Approval:
-    from stenograph.recorder.effects import call_id
-
-    cid = call_id(tape.proc, CHANNEL, pos)
+def _live(tape: PyTape, call: str, summary: str, slot: Slot, request: dict[str, Any],
+          fp: str, expires: Any, precondition: Callable[[], Any] | None) -> Approval:
+    cid = slot.call_id(tape.proc)
     now = time.time()
     known = tape.settlement().approvals.get(cid)
     if known is None or known.get("decision") is None:
@@ -109,7 +107,7 @@ def _live(tape: PyTape, call: str, summary: str, pos: int, request: dict[str, An
                                 "expires_at": expires_at}):
                 raise ApprovalDenied(f"{call}: the request for approval could not be "
                                      "recorded")
-            _pause(cid, call)
+            _pause()
     else:
         result = {"decision": known["decision"], "by": known.get("by"),
                   "note": known.get("note")}
@@ -118,19 +116,20 @@ def _live(tape: PyTape, call: str, summary: str, pos: int, request: dict[str, An
                 float(known.get("at") or now) > exp:
             result = {"decision": "denied", "reason": "approved after it expired",
                       "by": known.get("by")}
-        if result["decision"] == "approved" and precondition is not None and \
-                not precondition():
-            result = {"decision": "denied", "reason": "its precondition no longer holds"}
-    tape.commit(CHANNEL, pos, {"fingerprint": fp, "request": request, "result": result,
+        if result["decision"] == "approved" and precondition is not None:
+            with slot.inside():  # what it calls is its own: replay never runs it
+                held = precondition()
+            if not held:
+                result = {"decision": "denied", "reason": "its precondition no longer holds"}
+    tape.commit(slot.stream, slot.pos, {"fingerprint": fp, "request": request, "result": result,
                                "error": None, "call_id": cid})
     return _outcome(call, result)
 
 
-def _pause(cid: str, call: str) -> None:
-    """End the process: the run is paused until the approval is resolved."""
+def _pause() -> None:
+    """End the process: the run is paused until the approval is resolved. The recorder
+    has the request (it was made durable first); the CLI prints the one line a person
+    reads."""
     with contextlib.suppress(Exception):
         sys.stdout.flush()
-    with contextlib.suppress(Exception):
-        sys.stderr.write(f"stenograph: {call} ({cid}) waits for approval\n")
-        sys.stderr.flush()
     os._exit(PAUSED_EXIT)

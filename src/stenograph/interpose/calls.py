@@ -7,7 +7,10 @@ or raises the recorded exception, without calling the function. Outside
 ``stenograph record`` / ``replay`` the wrapper calls straight through.
 
 The real call runs with the C shim's tape paused, in record mode: replay will not
-run it, so what it reads (clocks, entropy) must not be on the program's tape.
+run it, so what it reads (clocks, entropy) must not be on the program's tape. For the
+same reason the hooked calls its body makes are numbered in its own scope
+(``PyTape.begin``, ``Slot.inside``): served at replay, its body's calls never happen, and
+every call after it must keep the number it had when recorded.
 """
 
 from __future__ import annotations
@@ -111,18 +114,30 @@ class _Call:
     def __init__(self, tape: PyTape, channel: str, name: str, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> None:
         self.tape, self.channel, self.name = tape, channel, name
-        self.pos = tape.begin(channel)
+        self.slot = tape.begin(channel)
+        self.stream, self.pos = self.slot.stream, self.slot.pos
         self.call_id = f"{name}#{self.pos}"
         body = _args_json(args, kwargs)
         self.request = {"method": "CALL", "url": f"{channel}:{name}", "body": body}
         self.fp = fingerprint("CALL", self.request["url"], body)
+        self.occurrence = tape.occurrence(self.slot, self.fp)
+        self.served = tape.resumed_entry(self.slot, self.fp)
+        """The crashed run's result for this call, made again inside a body a resume
+        runs again (``PyTape.resumed_entry``): returned, the function not called."""
         self.suspend: list[Any] = []  # async: how its waits ended (interpose.aioloop)
-        if channel == "model":
-            tape.mark_turn(channel, self.pos, self.fp)
+        if channel == "model" and not self.slot.nested:
+            tape.mark_turn(self.stream, self.pos, self.fp)
+
+    @property
+    def replaying(self) -> bool:
+        """Answered from the tape (replay, or ``served``), the function not called."""
+        return self.tape.mode == "replay" or self.served is not None
 
     def entry(self) -> dict[str, Any]:
+        if self.served is not None:
+            return self.served
         try:
-            return self.tape.take(self.channel, self.pos, self.request, self.fp)
+            return self.tape.take(self.stream, self.pos, self.request, self.fp)
         except ReplayExhausted as exc:
             raise RecordedCallError("ReplayExhausted", "stenograph", str(exc)) from None
 
@@ -145,7 +160,7 @@ class _Call:
         }
         if self.suspend:
             entry["suspend"] = self.suspend
-        self.tape.commit(self.channel, self.pos, entry)
+        self.tape.commit(self.stream, self.pos, entry)
 
 
 @dataclass(frozen=True)
@@ -177,9 +192,8 @@ class EffectSpec:
         if self.idempotency_key is not None:
             return self.idempotency_key
         from stenograph.interpose.effects import idempotency_key
-        from stenograph.recorder.effects import call_id
 
-        return idempotency_key(tape.traj, call_id(tape.proc, call.channel, call.pos))
+        return idempotency_key(tape.traj, tape.proc, call.stream, call.fp, call.occurrence)
 
 
 _RUN = object()
@@ -194,15 +208,13 @@ def _settle_in_doubt(tape: PyTape, call: _Call, spec: EffectSpec, args: tuple[An
     ``None``/``False`` means it happened (``True``: happened, no result to give), and
     the program gets that (returned) instead of a second run (``_RUN``); without
     either, a person decides."""
-    from stenograph.recorder.effects import call_id
-
-    cid = call_id(tape.proc, call.channel, call.pos)
+    cid = call.slot.call_id(tape.proc)
     target = f"tool {call.name}"
-    if tape.settlement().how(cid, target) is None or spec.idempotency_key is not None:
+    if tape.settlement().how(cid, target, call.fp) is None or spec.idempotency_key is not None:
         return _RUN
     if spec.probe is None:
         tape.settlement().needs_person(cid, target, "the tool declares no idempotency key "
-                                       "and no probe")
+                                       "and no probe", call.request["body"])
     with _scope(spec), tape.shim.paused():
         found = spec.probe(*args, **kwargs)
     if found is None or found is False:
@@ -218,16 +230,17 @@ def _authorize(tape: PyTape, call: _Call) -> None:
     """A model call or a declared effect, authorized by the run's policy and budget."""
     if not tape.authorizing:
         return
-    from stenograph.recorder.effects import call_id
-
     target = f"{call.channel} {call.name}" if call.channel == "model" else f"tool {call.name}"
 
     def refuse(exc: BaseException) -> NoReturn:
         call.recorded(error=exc)
         raise exc
 
-    seam.authorize(tape, call_id(tape.proc, call.channel, call.pos), target, call.channel,
-                   lambda msg, held: held if held is not None else PolicyDenied(msg), refuse)
+    from stenograph.interpose.resume_plan import described
+
+    seam.authorize(tape, call.slot.call_id(tape.proc), target, call.channel,
+                   lambda msg, held: held if held is not None else PolicyDenied(msg), refuse,
+                   described(target, call.request["body"]))
 
 
 def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any, ...],
@@ -260,7 +273,14 @@ def _intent(tape: PyTape, call: _Call, spec: EffectSpec | None, args: tuple[Any,
         call.recorded(found)
         return found
     key = spec.key(tape, call, args, kwargs)
-    if not tape.intent(call.channel, call.pos, f"tool {call.name}", call.request["body"],
+    if tape.resuming:
+        plan = tape.settlement()
+        cid = call.slot.call_id(tape.proc)
+        if plan.how(cid, f"tool {call.name}", call.fp) is not None:
+            key = plan.key_of(cid) or key
+        elif spec.idempotency_key is None:
+            plan.check_fresh(cid, key)
+    if not tape.intent(call.stream, call.pos, f"tool {call.name}", call.request["body"],
                        key, call.fp):
         exc = seam.IntentNotDurable(f"stenograph could not make the intent of tool "
                                     f"{call.name} durable; it was not run")
@@ -294,37 +314,40 @@ def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None)
             if not seam.loop_taped():
                 with tape.shim.paused():
                     call = _Call(tape, channel, label, args, kwargs)
-                    if tape.mode == "replay":
+                    if call.replaying:
                         return call.replayed()
-                    if (done := _intent(tape, call, spec, args, kwargs)) is not _RUN:
-                        return done
-                    try:
-                        with _scope(spec):
-                            result = await fn(*args, **kwargs)
-                    except Exception as exc:
-                        call.recorded(error=exc)
-                        raise
+                    with call.slot.inside():
+                        if (done := _intent(tape, call, spec, args, kwargs)) is not _RUN:
+                            return done
+                        try:
+                            with _scope(spec):
+                                result = await fn(*args, **kwargs)
+                        except Exception as exc:
+                            call.recorded(error=exc)
+                            raise
                     call.recorded(result)
                     return result
             with tape.shim.paused():
                 call = _Call(tape, channel, label, args, kwargs)
-            if tape.mode == "replay":
+            if call.replaying:
                 with tape.shim.paused():
                     entry = call.entry()
-                await seam._aioloop().replay_suspensions(tape, entry.get("suspend"))
+                if tape.mode == "replay":
+                    await seam._aioloop().replay_suspensions(tape, entry.get("suspend"))
                 with tape.shim.paused():
                     return call.replayed(entry)
-            with tape.shim.paused():
-                if (done := _intent(tape, call, spec, args, kwargs)) is not _RUN:
-                    return done
-            try:
-                with _scope(spec):
-                    result = await seam._aioloop().Drive(tape, fn(*args, **kwargs),
-                                                         call.suspend)
-            except Exception as exc:
+            with call.slot.inside():
                 with tape.shim.paused():
-                    call.recorded(error=exc)
-                raise
+                    if (done := _intent(tape, call, spec, args, kwargs)) is not _RUN:
+                        return done
+                try:
+                    with _scope(spec):
+                        result = await seam._aioloop().Drive(tape, fn(*args, **kwargs),
+                                                             call.suspend)
+                except Exception as exc:
+                    with tape.shim.paused():
+                        call.recorded(error=exc)
+                    raise
             with tape.shim.paused():
                 call.recorded(result)
             return result
@@ -337,16 +360,17 @@ def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None)
             return fn(*args, **kwargs)
         with tape.shim.paused():
             call = _Call(tape, channel, label, args, kwargs)
-            if tape.mode == "replay":
+            if call.replaying:
                 return call.replayed()
-            if (done := _intent(tape, call, spec, args, kwargs)) is not _RUN:
-                return done
-            try:
-                with _scope(spec):
-                    result = fn(*args, **kwargs)
-            except Exception as exc:
-                call.recorded(error=exc)
-                raise
+            with call.slot.inside():
+                if (done := _intent(tape, call, spec, args, kwargs)) is not _RUN:
+                    return done
+                try:
+                    with _scope(spec):
+                        result = fn(*args, **kwargs)
+                except Exception as exc:
+                    call.recorded(error=exc)
+                    raise
             call.recorded(result)
             return result
     return wrapper  # type: ignore[return-value]

@@ -6,9 +6,10 @@ when its URL matches ``STENO_EFFECT_URLS`` (both comma-separated regex lists, se
 in the URL). A ``@stenograph.tool(effect=True)`` is one by declaration.
 
 Before an effect is dispatched its intent is made durable (``PyTape.intent``). An HTTP
-effect leaves with two headers: ``Idempotency-Key`` (derived from the trajectory and the
-call's place on the tape, so a resumed run sends the same key again; a key the program
-set is kept and recorded) and ``Stenograph-Fencing-Token: <trajectory>:<epoch>``.
+effect leaves with two headers: ``Idempotency-Key`` (``idempotency_key``: derived from
+what the intent does, so a resumed run sends the same key for the same intent and never
+for another; a key the program set is kept and recorded) and
+``Stenograph-Fencing-Token: <trajectory>:<epoch>``.
 """
 
 from __future__ import annotations
@@ -40,9 +41,17 @@ def is_effect(method: str, url: str, channel: str, effect_urls: str = "",
     return method.upper() in EFFECT_METHODS
 
 
-def idempotency_key(traj: str, call_id: str) -> str:
-    """The key an effect carries: the same for the same call of the same trajectory."""
-    return "steno-" + hashlib.sha256(f"{traj}\0{call_id}".encode()).hexdigest()[:32]
+def idempotency_key(traj: str, proc: str, stream: str, fingerprint: str,
+                    occurrence: int) -> str:
+    """The key an effect carries, from the intent's identity: the trajectory, the process,
+    the stream it was made on (``http``, ``tool``, ``tool/0/http``), the request itself
+    (its fingerprint: method, URL and body, or a tool's name and arguments) and how many
+    identical requests that process made before it. Not its position: positions shift
+    when a served call's body does not run, and a key derived from one was once sent
+    again for a different payment. The same intent gets the same key in every resume;
+    two intents get two keys, even when one asks exactly what the other did."""
+    ident = f"{traj}\0{proc}\0{stream}\0{fingerprint}\0{occurrence}"
+    return "steno-" + hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
 def program_key(headers: Sequence[tuple[str, str]]) -> str | None:

@@ -131,10 +131,12 @@ def install(client: ModuleType) -> None:
                      kwargs: dict[str, Any]) -> Any:
         with tape.shim.paused():
             url, hdrs, call = _begin(tape, session, method, str_or_url, kwargs)
-            if tape.mode == "replay":
+            if call.replaying:
                 entry = call.take(aiohttp.ClientConnectionError)
-        if tape.mode == "replay":
-            await seam._aioloop().replay_suspensions(tape, entry.get("suspend", {}).get("head"))
+        if call.replaying:
+            if tape.mode == "replay":
+                await seam._aioloop().replay_suspensions(tape,
+                                                         entry.get("suspend", {}).get("head"))
             with tape.shim.paused():
                 return _replayed(tape, session, method, url, hdrs, call, kwargs, entry)
         with tape.shim.paused():
@@ -158,7 +160,7 @@ def install(client: ModuleType) -> None:
     async def _taped_paused(tape: PyTape, session: Any, method: str, str_or_url: Any,
                             kwargs: dict[str, Any]) -> Any:
         url, hdrs, call = _begin(tape, session, method, str_or_url, kwargs)
-        if tape.mode == "replay":
+        if call.replaying:
             return _replayed(tape, session, method, url, hdrs, call, kwargs, None)
         if call.extra_headers:  # an effect's idempotency key, fencing token
             kwargs["headers"] = {**dict(kwargs.get("headers") or {}),

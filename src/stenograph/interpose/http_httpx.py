@@ -61,10 +61,15 @@ def install(mod: ModuleType) -> None:
                 yield chunk
 
         async def aclose(self) -> None:
+            tape = self.chunks.tape
             if self.inner is not None:
-                await seam.apassthrough(self.chunks.tape, self.inner.aclose(),
-                                        "httpx response close")
+                await seam.apassthrough(tape, self.inner.aclose(), "httpx response close")
+            elif tape.mode == "replay":  # the recorded close's suspensions, nothing closed
+                await seam.apassthrough(tape, _nothing(), "httpx response close")
             self.chunks.close()
+
+    async def _nothing() -> None:
+        return None
 
     def _headers(request: Any) -> list[tuple[str, str]]:
         return [(k, v) for k, v in request.headers.multi_items()]
@@ -111,7 +116,7 @@ def install(mod: ModuleType) -> None:
             return orig_sync(self, request)
         with tape.shim.paused():
             call = _begin(tape, request, request.read())
-            if tape.mode == "replay":
+            if call.replaying:
                 return _replayed(tape, call, request, is_async=False)
             for k, v in call.extra_headers:  # an effect's idempotency key, fencing token
                 request.headers[k] = v
@@ -141,10 +146,12 @@ def install(mod: ModuleType) -> None:
         body = await request.aread()
         with tape.shim.paused():
             call = _begin(tape, request, body)
-            if tape.mode == "replay":
+            if call.replaying:
                 entry = call.take(lambda msg: mod.ConnectError(msg, request=request))
-        if tape.mode == "replay":
-            await seam._aioloop().replay_suspensions(tape, entry.get("suspend", {}).get("head"))
+        if call.replaying:
+            if tape.mode == "replay":
+                await seam._aioloop().replay_suspensions(tape,
+                                                         entry.get("suspend", {}).get("head"))
             with tape.shim.paused():
                 return _replayed(tape, call, request, is_async=True, entry=entry)
         with tape.shim.paused():
@@ -181,7 +188,7 @@ def install(mod: ModuleType) -> None:
         """The whole call with the tape paused across its awaits (no ``--asyncio``)."""
         with seam.paused_across_awaits(tape):
             call = _begin(tape, request, await request.aread())
-            if tape.mode == "replay":
+            if call.replaying:
                 return _replayed(tape, call, request, is_async=True)
             for k, v in call.extra_headers:
                 request.headers[k] = v

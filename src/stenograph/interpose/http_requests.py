@@ -178,7 +178,7 @@ def install(adapters: ModuleType) -> None:
         body = _body_bytes(request)
         call = seam.begin(tape, request.method, request.url, list(request.headers.items()),
                           body)
-        if tape.mode == "replay":
+        if call.replaying:
             rp = call.replayed(
                 lambda err: _error(err, request),
                 lambda msg: requests.exceptions.ConnectionError(msg, request=request))

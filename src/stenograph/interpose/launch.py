@@ -409,6 +409,93 @@ def _seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
     return guarded
 
 
+CLONE_NEWNS_ENTER = CLONE_NEWNS
+
+HOLDER = "import os, sys; os.write(1, b'ok'); sys.stdin.buffer.read()"
+"""What the process holding a sealed namespace runs: it says it is in, then waits for its
+stdin to close."""
+
+
+class HeldSeal:
+    """A sealed namespace made by a small process of ours that stays in it until
+    ``close``: the program enters it (``setns`` before exec) and the recorder reads the
+    program's view of its files through ``view`` (``/proc/<holder>/root/...``) while it
+    runs and after it ended -- a resume's checkpoints are of what the program saw."""
+
+    def __init__(self, seal: Seal, env: Mapping[str, str]) -> None:
+        why_r, why_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            try:
+                self.proc = subprocess.Popen(
+                    [python_executable(), "-S", "-c", HOLDER], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, close_fds=True, env={"PATH": "/usr/bin:/bin"},
+                    preexec_fn=_seal_preexec(seal, seal_roots(env), why_w))
+            except subprocess.SubprocessError:
+                try:
+                    why = os.read(why_r, 1000).decode(errors="replace")
+                except OSError:
+                    why = ""
+                raise _unavailable(why) from None
+        finally:
+            os.close(why_r)
+            os.close(why_w)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.read(2) != b"ok":
+            self.proc.wait()
+            raise SealUnavailable("the sealed namespace's holder did not start")
+        self.ns_fd = os.open(f"/proc/{self.proc.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        self.cwd = seal.cwd
+
+    def view(self, path: str) -> str:
+        """``path`` as the sealed program sees it."""
+        return f"/proc/{self.proc.pid}/root{os.path.abspath(path)}"
+
+    def enter(self, why: int, cwd: str | Path | None) -> Callable[[], None]:
+        """The function the program's child runs before exec: into the namespace, then
+        into its working directory there (``setns`` leaves it at the namespace's root)."""
+        libc = _libc()
+        setns = libc.setns
+        setns.argtypes = [ctypes.c_int, ctypes.c_int]
+        fd, cwd = self.ns_fd, str(self.cwd or cwd or os.getcwd())
+
+        def run() -> None:
+            try:
+                if setns(fd, CLONE_NEWNS_ENTER) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns: {os.strerror(err)}")
+                os.chdir(cwd)
+            except BaseException as exc:
+                os.write(why, str(exc).encode(errors="replace")[:1000])
+                raise
+
+        return run
+
+    def close(self) -> None:
+        """Let the holder go (the namespace ends with it); again does nothing."""
+        if self.ns_fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            os.close(self.ns_fd)
+        self.ns_fd = -1
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _unavailable(why: str) -> SealUnavailable:
+    if "Operation not permitted" in why or not why:
+        return SealUnavailable(
+            "cannot seal the replay in a private mount namespace (needs root or user "
+            "namespaces); rerun with --unsealed to replay against the live /tmp")
+    return SealUnavailable(f"cannot seal the replay: {why}; rerun with --unsealed to "
+                           "replay against the live files")
+
+
 STENO_ENV_BYTES = 4096
 STENO_ENV_VARS = 16
 """The ``STENO_*`` part of the program's environment is padded (``STENO_PAD``,
@@ -492,17 +579,20 @@ def _adopt_orphans() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _stop_orphans() -> None:
+def _stop_orphans(spare: Sequence[int] = ()) -> None:
     """SIGKILL what is left of a diverged tree (orphans adopted by this process: they
-    hold its output pipes open) and reap it."""
+    hold its output pipes open) and reap it; ``spare``: children of ours that are not
+    the tree's (a sealed namespace's holder)."""
     for child in _children().get(os.getpid(), []):
-        kill_tree(child)
+        if child not in spare:
+            kill_tree(child)
     with contextlib.suppress(ChildProcessError):
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass
 
 
-def wait_unless_diverged(proc: subprocess.Popen[bytes], stop_on: Path | None) -> int:
+def wait_unless_diverged(proc: subprocess.Popen[bytes], stop_on: Path | None,
+                         spare: Sequence[int] = ()) -> int:
     """Wait for the tree; but once a replayed process has diverged (and died, in a strict
     replay), give the rest ``DIVERGED_GRACE`` seconds and then stop it: its peers may
     wait for the dead one for ever (a pool's workers and the pipe they share), even once
@@ -520,7 +610,7 @@ def wait_unless_diverged(proc: subprocess.Popen[bytes], stop_on: Path | None) ->
             kill_tree(proc.pid)
             status = proc.wait()
     if since is not None or _diverged(stop_on, seen):
-        _stop_orphans()
+        _stop_orphans(spare)
     return status
 
 
@@ -536,23 +626,27 @@ def run_under_shim(
     cut: tuple[int, int] | None = None,
     started: Callable[[subprocess.Popen[bytes]], Any] | None = None,
     stop_on: Path | None = None,
+    held: HeldSeal | None = None,
 ) -> RunResult:
     """Run ``argv`` with ``env`` (which carries LD_PRELOAD and STENO_*); wait for it.
-    With ``seal``, in a private mount namespace (see ``Seal``); ``SealUnavailable`` if
-    the namespace cannot be made. ``cut``: stdout and stderr lengths whose prefixes to
-    hash too (``OutputDigest``). ``stop_on``: the replay's divergence file (see
-    ``wait_unless_diverged``)."""
+    With ``seal``, in a private mount namespace (see ``Seal``), or in the one ``held``
+    holds; ``SealUnavailable`` if the namespace cannot be made. ``cut``: stdout and
+    stderr lengths whose prefixes to hash too (``OutputDigest``). ``stop_on``: the
+    replay's divergence file (see ``wait_unless_diverged``)."""
     prog = resolve_program(argv, env)
     check_dynamic(prog)
     if stop_on is not None:
         _adopt_orphans()
     why_r, why_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-    preexec = _seal_preexec(seal, seal_roots(env), why_w) if seal is not None else None
+    preexec = (held.enter(why_w, cwd) if held is not None
+               else _seal_preexec(seal, seal_roots(env), why_w) if seal is not None else None)
+    sealed_cwd = (held.cwd or cwd) if held is not None else seal.cwd if seal is not None \
+        else None
     try:
         with _aslr_off_for_children() if aslr_off else contextlib.nullcontext():
             proc = subprocess.Popen(
                 [prog, *argv[1:]], executable=prog, env=pad_steno_env(env),
-                cwd=None if seal is not None and seal.cwd else cwd,
+                cwd=None if sealed_cwd else cwd,
                 stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
                 preexec_fn=preexec,
             )
@@ -561,13 +655,7 @@ def run_under_shim(
             why = os.read(why_r, 1000).decode(errors="replace")
         except OSError:
             why = ""
-        if "Operation not permitted" in why or not why:
-            raise SealUnavailable(
-                "cannot seal the replay in a private mount namespace (needs root or user "
-                "namespaces); rerun with --unsealed to replay against the live /tmp",
-            ) from None
-        raise SealUnavailable(f"cannot seal the replay: {why}; rerun with --unsealed to "
-                              "replay against the live files") from None
+        raise _unavailable(why) from None
     except OSError as exc:
         raise BadInput(f"cannot run command: {exc.strerror}", argv[0]) from None
     finally:
@@ -591,7 +679,8 @@ def run_under_shim(
     for t in pumps:
         t.start()
     try:
-        status = wait_unless_diverged(proc, stop_on)
+        status = wait_unless_diverged(proc, stop_on,
+                                      [held.proc.pid] if held is not None else [])
     except BaseException:  # Ctrl-C, a timeout: the tree must not outlive its tape
         kill_tree(proc.pid)
         proc.wait()

@@ -43,7 +43,9 @@ import os
 import socket
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -65,6 +67,48 @@ IN_DECLARED_EFFECT: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "stenograph_in_declared_effect", default=False)
 """Inside a declared effect tool's run (or its probe): the HTTP calls it makes are its
 implementation, covered by the tool's own intent, not effects of their own."""
+
+SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("stenograph_scope", default="")
+"""The hooked call whose own code is running (``"tool/0"``, ``"tool/0/model/1"``): a
+``stenograph.tool``/``model`` body, a tool's probe, an approval's precondition. Calls made
+inside it are numbered in streams of their own (``tool/0/http``), so a replay or a resume
+that serves the outer call without running its body numbers every later call as the
+recording did. A context variable: an asyncio task started inside inherits it, a
+concurrent task does not."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A call's place on its process's Python tape: the stream (its channel, prefixed by
+    the scope it was made in) and its position there, claimed when the call starts."""
+
+    stream: str
+    pos: int
+
+    @property
+    def nested(self) -> bool:
+        """Made inside another hooked call's body (a replay that serves that call never
+        makes this one)."""
+        return "/" in self.stream
+
+    @property
+    def channel(self) -> str:
+        """The kind of call (``http``, ``model``, ``tool``...), without its scope."""
+        return self.stream.rpartition("/")[2]
+
+    def call_id(self, proc: str) -> str:
+        from stenograph.recorder.effects import call_id
+
+        return call_id(proc, self.stream, self.pos)
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        """The calls made in this block are this call's own (numbered under it)."""
+        token = SCOPE.set(f"{self.stream}/{self.pos}")
+        try:
+            yield
+        finally:
+            SCOPE.reset(token)
 
 SPILL = 32 << 10
 INTENT_BODY = 4 << 10
@@ -93,6 +137,7 @@ class _ShimControl:
         self._go_live: Any = None
         self._is_live: Any = None
         self._park_live: Any = None
+        self._seeds: Any = None
         self.track = False
         self.imported: list[str] = []
         self._local = threading.local()
@@ -104,6 +149,7 @@ class _ShimControl:
             self._go_live = me.steno_go_live
             self._is_live = me.steno_is_live
             self._park_live = me.steno_park_live
+            self._seeds = me.steno_paused_seeds
         except (OSError, AttributeError):
             pass
 
@@ -139,6 +185,7 @@ class _ShimControl:
         self._local.depth = depth + 1
         if depth == 0 and self.track:
             self._local.mark = len(sys.modules)
+            self._local.seeds = self._seeds() if self._seeds is not None else 0
         self._pause()
         try:
             yield
@@ -154,7 +201,8 @@ class _ShimControl:
         return getattr(self._local, "depth", 0) > 0
 
     def collect(self) -> None:
-        """Note the modules imported since this thread's outermost pause began."""
+        """Note the modules imported since this thread's outermost pause began (and
+        whether OpenSSL seeded its generator meanwhile: ``SEED_OPENSSL``)."""
         mark = getattr(self._local, "mark", None)
         if mark is None:
             return
@@ -162,11 +210,26 @@ class _ShimControl:
         if n > mark:
             self.imported.extend(list(sys.modules)[mark:n])
         self._local.mark = n
+        if self._seeds is not None:
+            seeds = self._seeds()
+            if seeds > getattr(self._local, "seeds", seeds) and \
+                    SEED_OPENSSL not in self.imported:
+                self.imported.append(SEED_OPENSSL)
+            self._local.seeds = seeds
+
+
+SEED_OPENSSL = "<stenograph:seed-openssl>"
+"""In an entry's ``imports``: the recorded call's paused work seeded OpenSSL's generator
+(``steno_paused_seeds``); replay does it there too, so the seeding is off the tape in
+both runs instead of moving to the next unpaused use of OpenSSL."""
 
 
 def _import_all(names: list[str]) -> None:
     for name in names:
-        if name not in sys.modules:
+        if name == SEED_OPENSSL:
+            with contextlib.suppress(Exception):
+                importlib.import_module("ssl").RAND_status()
+        elif name not in sys.modules:
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
 
@@ -186,6 +249,7 @@ class PyTape:
         self.shim.track = mode == "record"
         self._lock = threading.Lock()
         self._next: dict[str, int] = {}
+        self._seen: Counter[tuple[str, str]] = Counter()
         self._sock_path = sock_path
         self._sock: socket.socket | None = None
         self.lost = 0  # entries the recorder did not take (record): see commit
@@ -216,18 +280,40 @@ class PyTape:
 
     # -- common ---------------------------------------------------------------------
 
-    def begin(self, channel: str) -> int:
-        """Claim the next position of ``channel`` for a call that starts now. Resuming, a
-        call past the recorded ones (or one made once the C tape has run out) is where
-        the prefix ends: the process goes live and this call is made for real."""
+    def begin(self, channel: str) -> Slot:
+        """Claim the next position of ``channel``, in the current scope (``SCOPE``), for a
+        call that starts now. Resuming, a call past the recorded ones (or one made once
+        the C tape has run out) is where the prefix ends: the process goes live and this
+        call is made for real."""
+        scope = SCOPE.get()
+        stream = f"{scope}/{channel}" if scope else channel
         with self._lock:
-            pos = self._next.get(channel, 0)
-            self._next[channel] = pos + 1
+            pos = self._next.get(stream, 0)
+            self._next[stream] = pos + 1
         if self.resuming and self.mode == "replay" and (
-                pos >= len(self._load().get(channel, [])) or self.shim.is_live()):
+                pos >= len(self._load().get(stream, [])) or self.shim.is_live()):
             self.go_live(park=self.fork)
-        gcpoints.at_exchange(self.shim)
-        return pos
+        if not scope:  # inside a body the tape is paused and replay never gets there
+            gcpoints.at_exchange(self.shim)
+        return Slot(stream, pos)
+
+    def occurrence(self, slot: Slot, fp: str) -> int:
+        """How many calls of this process before this one asked exactly this (same stream,
+        same request fingerprint). Counted in every mode, served calls too, so a resume
+        counts what its recording counted: part of an intent's identity
+        (``effects.idempotency_key``)."""
+        with self._lock:
+            n = self._seen[(slot.stream, fp)]
+            self._seen[(slot.stream, fp)] = n + 1
+        return n
+
+    def resumed_entry(self, slot: Slot, fp: str) -> dict[str, Any] | None:
+        """Resuming, live: a call made inside a body that is running again (the crash came
+        before the outer call's result) is served what the crashed run recorded for it,
+        if it got that far: what it did is durable, and is not done twice."""
+        if not (self.resuming and self.mode == "record" and slot.nested):
+            return None
+        return self.recorded(slot.stream, slot.pos, fp)
 
     def follow_shim(self) -> bool:
         """Resuming: if the C tape has gone live (a stream ran out), so does this one.
@@ -262,6 +348,7 @@ class PyTape:
         if proc:
             self.proc = proc
         self._next = {}
+        self._seen = Counter()
         self._streams = None  # the parent's entries are not this process's
         self._used = {}
 
@@ -271,6 +358,7 @@ class PyTape:
         """Keep small bodies inline; put large ones (scrubbed) in the blob store. A body
         the blob store cannot take (a full disk) stays inline: the recording must never
         be why the program's own request fails."""
+        self.rules.learn_shapes(data)
         data = self.rules.scrub(data)
         if len(data) <= SPILL or self._blobs is None:
             return data
@@ -303,10 +391,13 @@ class PyTape:
             entry = self.rules.response(entry, self._blobs)
         except OSError as exc:  # the blob store is full: this entry is lost, not the next
             raise _Refused(str(exc)) from None
+        self.rules.learn_shapes(entry)  # a key in a response: scrubbed like any other
         entry = _fit_scrubbed(self.rules.scrub(entry))
         with self._lock:
             self.shim.collect()
-            if self.shim.imported:
+            # a call inside a body keeps its imports for the outer call's entry: a replay
+            # that serves the outer call never gets to this one
+            if self.shim.imported and "/" not in channel:
                 entry = {**entry, "imports": self.shim.imported[:]}
                 self.shim.imported.clear()
         entry = {"proc": self.proc, "channel": channel, "pos": pos, **entry}

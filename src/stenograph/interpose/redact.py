@@ -15,6 +15,10 @@ and blobs included, raw and encoded (base64 at each byte alignment, hex, URL-enc
 a server that echoes a key back must not smuggle it onto disk. Replay then serves the
 scrubbed bytes, which the replay reports if the program's output depends on them.
 
+A value in the shape of a known key (``recorder/keyshapes.py``: a maintained rule set)
+is remembered the same way wherever it appears, whatever it is called: a URL path, a
+JSON body (raw, or base64- or hex-encoded), a response, an environment variable.
+
 The rules in force are written into the recording (``RunStarted``) so a reader
 knows what was removed.
 """
@@ -30,6 +34,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
+
+from stenograph.recorder.keyshapes import KeyShapes, hook_path
 
 REDACTED = "<redacted>"
 
@@ -111,12 +117,15 @@ class RedactionRules:
     json_fields: frozenset[str] = DEFAULT_JSON
     names: re.Pattern[str] = re.compile(NAME_PATTERN, re.IGNORECASE)
     values: re.Pattern[str] | None = None
+    shapes: KeyShapes = field(default_factory=lambda: KeyShapes([]))
+    """Known key shapes (``recorder/keyshapes.py``; the recording's own at replay)."""
     seen: set[str] = field(default_factory=set)
     _bytes: list[bytes] = field(default_factory=list, repr=False)
     _strs: list[str] = field(default_factory=list, repr=False)
     _values_b: re.Pattern[bytes] | None = field(default=None, repr=False)
     _gen: int = field(default=0, repr=False)
     _clean: list[tuple[str | bytes, int]] = field(default_factory=list, repr=False)
+    _shaped: list[str | bytes] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.values is not None:
@@ -125,7 +134,8 @@ class RedactionRules:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None,
-                 argv: list[str] | None = None) -> RedactionRules:
+                 argv: list[str] | None = None,
+                 shapes: KeyShapes | None = None) -> RedactionRules:
         """Defaults plus ``STENO_REDACT_HEADERS`` / ``_QUERY`` / ``_JSON`` (comma lists of
         names), ``STENO_REDACT_NAMES`` (a regex of more secret names) and
         ``STENO_REDACT_VALUES`` (a regex of secret values); the secrets of the process's
@@ -137,6 +147,8 @@ class RedactionRules:
             json_fields=DEFAULT_JSON | _env_set("STENO_REDACT_JSON"),
             names=re.compile(NAME_PATTERN + (f"|{extra}" if extra else ""), re.IGNORECASE),
             values=_env_regex("STENO_REDACT_VALUES"),
+            shapes=shapes if shapes is not None else KeyShapes.read(
+                hook_path(_getenv("STENO_TAPE"), _getenv("STENO_PYSOCK"))),
         )
         for k, v in (os.environ if environ is None else environ).items():
             if not k.startswith("STENO_"):
@@ -148,7 +160,7 @@ class RedactionRules:
         return {"headers": sorted(self.headers), "query": sorted(self.query),
                 "json_fields": sorted(self.json_fields), "names": self.names.pattern,
                 "values": self.values.pattern if self.values else None,
-                "token_urls": TOKEN_URL.pattern}
+                "token_urls": TOKEN_URL.pattern, "key_shapes": self.shapes.to_json()}
 
     # -- names ---------------------------------------------------------------------------
 
@@ -162,6 +174,7 @@ class RedactionRules:
         if self.secret_name(name):
             self.learn(value)
             return REDACTED
+        self.learn_shapes(value)
         return self.scrub(self._userinfo(value))
 
     def argv(self, argv: list[str]) -> list[str]:
@@ -170,6 +183,7 @@ class RedactionRules:
         out: list[str] = []
         after_flag = False
         for a in argv:
+            self.learn_shapes(a)
             if after_flag and not a.startswith("-"):
                 self.learn(a)
                 out.append(REDACTED)
@@ -193,6 +207,8 @@ class RedactionRules:
             if self.secret_name(k, self.headers):
                 self.learn(v)
                 v = REDACTED
+            else:
+                self.learn_shapes(v)
             out.append([k, self.scrub(v)])
         return out
 
@@ -211,6 +227,25 @@ class RedactionRules:
         if new:
             self.seen.update(new)
             self._rebuild()
+
+    def learn_shapes(self, value: Any) -> None:
+        """Remember every known key shape in ``value`` (nested; raw or encoded), so that
+        ``scrub`` removes it, and its encodings, from everything written."""
+        if isinstance(value, str | bytes):
+            if not self.shapes or len(value) < MIN_SECRET:
+                return
+            if len(value) >= _MEMO_MIN and any(v is value for v in self._shaped):
+                return
+            for s in self.shapes.found(value):
+                self.learn(s)
+            if len(value) >= _MEMO_MIN:
+                self._shaped = [*self._shaped[-(_MEMO - 1):], value]
+        elif isinstance(value, dict):
+            for v in value.values():
+                self.learn_shapes(v)
+        elif isinstance(value, list):
+            for v in value:
+                self.learn_shapes(v)
 
     def _rebuild(self) -> None:
         pats: set[bytes] = set()
@@ -278,6 +313,7 @@ class RedactionRules:
     def url(self, url: str) -> str:
         """Userinfo password, secret-named query parameters and copies of known secrets
         (a path segment, say) redacted."""
+        self.learn_shapes(url)
         url = self._userinfo(url)
         parts = urlsplit(url)
         if parts.query:
@@ -295,6 +331,7 @@ class RedactionRules:
     def body(self, body: bytes, content_type: str = "") -> bytes:
         """Secret-named JSON, urlencoded and multipart fields redacted, then known secrets
         scrubbed; a body without them is returned unchanged."""
+        self.learn_shapes(body)
         if body:
             ctype = content_type.lower()
             if body[:1] in (b"{", b"["):

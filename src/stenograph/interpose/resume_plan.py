@@ -43,6 +43,9 @@ class Settlement:
     approvals: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Approvals requested before this resume, by call id: ``expires_at``, and once a
     person resolved it ``decision`` (approved / denied), ``by``, ``note``, ``at``."""
+    keys: dict[str, str] = field(default_factory=dict)
+    """Every idempotency key the trajectory's intents carried, to the call id that sent
+    it: a live call of the resume never leaves with one of them unless it is that call."""
 
     @classmethod
     def load(cls, tape_dir: Path | None) -> Settlement:
@@ -53,32 +56,97 @@ class Settlement:
         except (OSError, ValueError):
             return cls(tape_dir=tape_dir)
         return cls(dict(doc.get("in_doubt") or {}), tape_dir, dict(doc.get("drift") or {}),
-                   dict(doc.get("approvals") or {}))
+                   dict(doc.get("approvals") or {}), dict(doc.get("keys") or {}))
 
-    def how(self, call_id: str, target: str) -> str | None:
-        """``None`` (not in doubt), ``reissue``, ``probe`` or ``person`` for this call."""
+    def how(self, call_id: str, target: str, fingerprint: str | None = None) -> str | None:
+        """``None`` (not in doubt), ``reissue``, ``probe`` or ``person`` for this call. A
+        call in that place asking something else than the intent did (another target,
+        another request) is a divergence: the prefix did not lead to the same effect,
+        and sending it under the intent's key would pass one payment off as another."""
         doubt = self.in_doubt.get(call_id)
         if doubt is None:
             return None
-        if doubt.get("target") != target:
+        recorded_fp = doubt.get("fingerprint")
+        if doubt.get("target") != target or (
+                fingerprint is not None and recorded_fp and recorded_fp != fingerprint):
             from stenograph.interpose.pytape import _stop
 
-            _stop(f"effect {call_id}: the resumed program sends {target}, the crashed run's "
-                  f"intent was {doubt.get('target')}")
+            what = "another request to " if doubt.get("target") == target else ""
+            _stop(f"effect {call_id}: the resumed program sends {what}{target}, the crashed "
+                  f"run's intent was {doubt.get('target')}")
         return str(doubt.get("settle") or "reissue")
 
-    def needs_person(self, call_id: str, target: str, why: str) -> NoReturn:
-        """Stop the resumed run: this call's outcome needs a person (exit 4)."""
-        line = (f"effect {call_id} ({target}) is in doubt and {why}: find out whether it "
+    def key_of(self, call_id: str) -> str | None:
+        """The idempotency key an in-doubt intent was recorded with (sent again as is)."""
+        doubt = self.in_doubt.get(call_id)
+        key = doubt.get("idempotency_key") if doubt else None
+        return str(key) if key else None
+
+    def check_fresh(self, call_id: str, key: str) -> None:
+        """A live call's derived key must be new: one an earlier intent carried belongs to
+        that intent. (Keys are derived from what an intent does, so this holds by
+        construction; the check makes a break of it a stop, never a payment passed off
+        as another.)"""
+        owner = self.keys.get(key)
+        if owner is not None and owner != call_id:
+            from stenograph.interpose.pytape import _stop
+
+            _stop(f"effect {call_id}: its idempotency key {key} was sent before for "
+                  f"{owner}; refusing to send it for another intent")
+
+    def needs_person(self, call_id: str, target: str, why: str,
+                     body: Any = None) -> NoReturn:
+        """Stop the resumed run: this call's outcome needs a person (exit 4). The line
+        goes to the CLI (``ATTENTION``), which prints it: one line, naming the call,
+        what it sends and the command to run next."""
+        what = described(target, body)
+        line = (f"effect {call_id} ({what}) is in doubt and {why}: find out whether it "
                 f"happened, then `stenograph settle STORE TRAJ {call_id} --as done|not-done` "
                 "and resume again")
+        wrote = False
         if self.tape_dir is not None:
             with contextlib.suppress(OSError):
                 (self.tape_dir / ATTENTION).write_text(json.dumps(
-                    {"call_id": call_id, "target": target, "why": why, "line": line}))
+                    {"call_id": call_id, "target": target, "why": why, "line": line,
+                     "arguments": brief(body)}))
+                wrote = True
         with contextlib.suppress(Exception):
             sys.stdout.flush()
-        with contextlib.suppress(Exception):
-            sys.stderr.write(f"stenograph: {line}\n")
-            sys.stderr.flush()
+        if not wrote:  # no CLI to read it: say it here
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"stenograph: {line}\n")
+                sys.stderr.flush()
         os._exit(NEEDS_PERSON_EXIT)
+
+
+def described(target: str, body: Any) -> str:
+    """A call as a person reads it: ``POST https://.../payments {"amount":5}``, or
+    ``tool provision(name="web1")``."""
+    args = brief(body)
+    return f"{target}{args}" if args.startswith("(") else f"{target} {args}".rstrip()
+
+
+BRIEF = 120
+"""How much of a call's arguments a one-line message shows."""
+
+
+def brief(body: Any) -> str:
+    """A call's arguments (a JSON body; a tool's ``{"args", "kwargs"}``, shown as
+    ``(a, k=v)``) as one short line."""
+    if isinstance(body, (bytes, bytearray)):
+        text = bytes(body).decode("utf-8", "replace")
+    elif isinstance(body, str):
+        text = body
+    else:
+        return ""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and set(doc) == {"args", "kwargs"} and isinstance(
+            doc["args"], list) and isinstance(doc["kwargs"], dict):
+        parts = [json.dumps(a) for a in doc["args"]]
+        parts += [f"{k}={json.dumps(v)}" for k, v in doc["kwargs"].items()]
+        text = f"({', '.join(parts)})"
+    text = " ".join(text.split())
+    return text if len(text) <= BRIEF else text[:BRIEF - 3] + "..."

@@ -82,19 +82,20 @@ STOPPED_EXIT = 6
 
 
 def stop_run(reason: str, tape: PyTape | None = None) -> NoReturn:
-    """A budget is spent, or a resume refuses drift: the process ends before the call,
-    one line (exit 6). With ``tape``, the recorder is told first (an ``Authorized``
-    ``stop``), so the run is left resumable, not ended; a budget's stop was the
-    recorder's own decision."""
+    """A budget is spent, or a resume refuses drift: the process ends before the call
+    (exit 6). With ``tape``, the recorder is told first (an ``Authorized`` ``stop``), so
+    the run is left resumable, not ended; without, the stop was the recorder's own
+    decision (a budget). The CLI prints the one line a person reads; this process says
+    it only when the recorder could not be told."""
     import os
 
-    if tape is not None:
-        tape.notify({"kind": "Stop", "reason": reason})
+    told = tape is None or tape.notify({"kind": "Stop", "reason": reason})
     with contextlib.suppress(Exception):
         sys.stdout.flush()
-    with contextlib.suppress(Exception):
-        sys.stderr.write(f"stenograph: stopped: {reason}\n")
-        sys.stderr.flush()
+    if not told:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"stenograph: stopped: {reason}\n")
+            sys.stderr.flush()
     os._exit(STOPPED_EXIT)
 
 
@@ -170,7 +171,7 @@ async def apassthrough(tape: PyTape, aw: Awaitable[T], what: str, *,
         with paused_across_awaits(tape):
             return await aw
     with tape.shim.paused():
-        pos = tape.begin("await")
+        slot = tape.begin("await")
         match = {"method": "AWAIT", "url": what, "body": b""}
     if tape.mode == "record":
         log: list[Any] = []
@@ -178,11 +179,11 @@ async def apassthrough(tape: PyTape, aw: Awaitable[T], what: str, *,
             return await _aioloop().Drive(tape, aw, log)
         finally:
             with tape.shim.paused():
-                tape.commit("await", pos, {"fingerprint": what, "request": match,
-                                           "suspend": log})
+                tape.commit(slot.stream, slot.pos, {"fingerprint": what, "request": match,
+                                                    "suspend": log})
     with tape.shim.paused():
         try:
-            entry = tape.take("await", pos, match, what)
+            entry = tape.take(slot.stream, slot.pos, match, what)
         except ReplayExhausted:
             entry = {}
     result = _aioloop().run_now(tape, aw) if at_replay else _aioloop().discard(aw)
@@ -259,7 +260,7 @@ class Body:
             response["ext"] = self.ext
         with tape.shim.paused():
             self.call.commit(response, self.error)
-            if self.call.channel == "model" and tape.resuming and complete:
+            if self.call.top_model and tape.resuming and complete:
                 served_check(tape, self.call.pos, b"".join(self.chunks))
 
 
@@ -270,16 +271,23 @@ class Call:
                  body: bytes) -> None:
         self.tape = tape
         self.channel = classify(url)
-        self.pos = tape.begin(self.channel)
+        self.slot = tape.begin(self.channel)
+        self.stream, self.pos = self.slot.stream, self.slot.pos
+        self.top_model = self.channel == "model" and not self.slot.nested
+        """A model call of the program's own (a turn): not one a tool's body made."""
         self.body_override: bytes | None = None
         """A body to send instead of the program's (a resume pinning its model): the hook
         puts it in the request."""
-        if self.channel == "model" and tape.resuming and tape.mode == "record":
+        if self.top_model and tape.resuming and tape.mode == "record":
             self.body_override = drift_check(tape, self.pos, body)
             body = self.body_override if self.body_override is not None else body
         self.request, self.match, self.fp = describe(tape, method, url, headers, body)
-        if self.channel == "model":
-            tape.mark_turn(self.channel, self.pos, self.fp)
+        if self.top_model:
+            tape.mark_turn(self.stream, self.pos, self.fp)
+        self.occurrence = tape.occurrence(self.slot, self.fp)
+        self.served = tape.resumed_entry(self.slot, self.fp)
+        """The crashed run's entry for this call, made again inside a body a resume runs
+        again: served, not sent (``PyTape.resumed_entry``)."""
         self.suspend: dict[str, list[Any]] = {"head": [], "chunks": []}
         self.effect = effects.is_effect(method, url, self.channel, tape.effect_urls,
                                         tape.readonly_urls) and not IN_DECLARED_EFFECT.get()
@@ -294,13 +302,17 @@ class Call:
                 url, self.channel, self.effect, tape.model_url, tape.effects_url)
         self._key: str | None = None
         if self.effect:
-            from stenograph.recorder.effects import call_id
-
             self._key = effects.program_key(headers) or effects.idempotency_key(
-                tape.traj, call_id(tape.proc, self.channel, self.pos))
+                tape.traj, tape.proc, self.stream, self.fp, self.occurrence)
             self.extra_headers = effects.wire_headers(tape.traj, tape.epoch, self._key,
                                                       headers)
         self._body = body
+
+    @property
+    def replaying(self) -> bool:
+        """Whether this call is answered from the tape (replay, or ``served``) rather than
+        made: the one place a hook asks."""
+        return self.tape.mode == "replay" or self.served is not None
 
     def commit(self, response: dict[str, Any] | None, error: dict[str, Any] | None) -> None:
         entry = {"fingerprint": self.fp, "request": self.request, "response": response,
@@ -309,12 +321,14 @@ class Call:
             entry["sent_to"] = self.url_override
         if self.suspend["head"] or self.suspend["chunks"]:
             entry["suspend"] = self.suspend
-        self.tape.commit(self.channel, self.pos, entry)
+        self.tape.commit(self.stream, self.pos, entry)
 
     def take(self, exhausted: Callable[[str], BaseException]) -> dict[str, Any]:
         """The recorded entry (replay), or the library's own connection error."""
+        if self.served is not None:
+            return self.served
         try:
-            return self.tape.take(self.channel, self.pos, self.match, self.fp)
+            return self.tape.take(self.stream, self.pos, self.match, self.fp)
         except ReplayExhausted as exc:
             raise exhausted(str(exc)) from None
 
@@ -352,7 +366,7 @@ class Call:
             self._authorize(refused)
         if self.effect and self.tape.resuming:
             self._settle_in_doubt()
-        if self.effect and not self.tape.intent(self.channel, self.pos, self._target,
+        if self.effect and not self.tape.intent(self.stream, self.pos, self._target,
                                                 self._body, self._key, self.fp):
             self._refuse(IntentNotDurable(f"stenograph could not make the intent of "
                                           f"{self._target} durable; the request was not "
@@ -363,10 +377,11 @@ class Call:
         raise exc
 
     def _authorize(self, refused: Callable[[str], BaseException]) -> None:
-        from stenograph.recorder.effects import call_id
+        from stenograph.interpose.resume_plan import described
 
-        authorize(self.tape, call_id(self.tape.proc, self.channel, self.pos), self._target,
-                  self.channel, lambda msg, _cause: refused(msg), self._refuse)
+        what = described(self._target, self._body) if self.effect else None
+        authorize(self.tape, self.slot.call_id(self.tape.proc), self._target,
+                  self.channel, lambda msg, _cause: refused(msg), self._refuse, what)
 
     @contextlib.contextmanager
     def sending(self, refused: Callable[[str], BaseException] = IntentNotDurable
@@ -384,13 +399,22 @@ class Call:
     def _settle_in_doubt(self) -> None:
         """Resume: this effect was in doubt when the run crashed. It is sent again with
         its recorded idempotency key unless its URL is one the resume was told ignores
-        keys (``--settle-http``): then a person decides (exit 4)."""
-        from stenograph.recorder.effects import call_id
-
-        cid = call_id(self.tape.proc, self.channel, self.pos)
-        if self.tape.settlement().how(cid, self._target) == "person":
-            self.tape.settlement().needs_person(
-                cid, self._target, "its service is not trusted to honour idempotency keys")
+        keys (``--settle-http``): then a person decides (exit 4). A live call whose
+        derived key some other recorded intent carried is refused: a key is never sent
+        for another intent."""
+        cid = self.slot.call_id(self.tape.proc)
+        plan = self.tape.settlement()
+        how = plan.how(cid, self._target, self.fp)
+        if how == "person":
+            plan.needs_person(cid, self._target,
+                              "its service is not trusted to honour idempotency keys",
+                              self._body)
+        if how is not None:
+            self._key = plan.key_of(cid) or self._key
+            self.extra_headers = [(k, self._key if k == effects.IDEMPOTENCY_HEADER else v)
+                                  for k, v in self.extra_headers]
+        elif self._key is not None:
+            plan.check_fresh(cid, self._key)
 
     def received(self, status: int, headers: list[tuple[str, str]], *,
                  reason: str | None = None, ext: dict[str, Any] | None = None) -> Body:
@@ -434,7 +458,7 @@ def fork_route(url: str, channel: str, effect: bool, model_url: str | None,
 
 def authorize(tape: PyTape, cid: str, target: str, channel: str,
               refused: Callable[[str, BaseException | None], BaseException],
-              refuse: Callable[[BaseException], NoReturn]) -> None:
+              refuse: Callable[[BaseException], NoReturn], what: str | None = None) -> None:
     """The run's policy and budget on a call about to be made (``PyTape.authorize``):
     allowed, it returns; held, it waits for a person (``stenograph.approval``: the run
     pauses, or the approval is denied); a spent budget stops the run (exit 6); denied,
@@ -449,7 +473,7 @@ def authorize(tape: PyTape, cid: str, target: str, channel: str,
         from stenograph.interpose.approvals import ApprovalDenied, approval
 
         try:
-            approval(target, str(d.get("summary") or target))
+            approval(target, str(d.get("summary") or what or target))
             return
         except ApprovalDenied as exc:
             refuse(refused(f"stenograph: {exc}", exc))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from stenograph.recorder.errors import BadInput
 
-PROTOCOL = 2
+PROTOCOL = 3
 """Wire/tape protocol version; must match STENO_PROTOCOL in shim_c/steno_shim.h."""
 
 

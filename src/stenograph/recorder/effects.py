@@ -25,8 +25,14 @@ from stenograph.recorder.codec import Event
 
 
 def call_id(proc: str, channel: str, pos: int) -> str:
-    """The id of a call: where it is on its process's Python tape."""
+    """The id of a call: where it is on its process's Python tape. ``channel`` is its
+    stream: the channel, prefixed by the call whose body made it (``tool/0/http``)."""
     return f"{proc}/{channel}/{pos}"
+
+
+def base_channel(stream: str) -> str:
+    """The kind of call a stream holds: ``tool/0/http`` -> ``http``."""
+    return stream.rpartition("/")[2]
 
 
 @dataclass
@@ -153,8 +159,8 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
                 resp = body.get("response")
                 proposals = proposed_calls(resp.get("body") if isinstance(resp, dict) else None)
                 handled = set()
-            if ch == "approval" and isinstance(pos, int):
-                a = asked.get(call_id(str(body.get("proc")), "approval", pos))
+            if base_channel(str(ch)) == "approval" and isinstance(pos, int):
+                a = asked.get(call_id(str(body.get("proc")), str(ch), pos))
                 if a is not None:
                     a.used = True
                     result = body.get("result") or {}

@@ -26,6 +26,7 @@ import msgpack
 
 from stenograph.recorder.blobs import BlobRef, BlobStore, blob_refs
 from stenograph.recorder.codec import Event
+from stenograph.recorder.effects import base_channel
 from stenograph.recorder.errors import StenographError
 from stenograph.recorder.seqpacket import SeqpacketServer
 
@@ -81,6 +82,10 @@ class ExchangeServer:
         """Called before an ``ApprovalRequested`` is appended: the checkpoint of a pause."""
         self.paused_for: str | None = None
         """The call an approval request paused the run at (the program then exits 5)."""
+        self.paused_call: dict[str, Any] = {}
+        """That request: ``call`` (what is held) and ``summary`` (what it does)."""
+        self.stopped_at: dict[str, Any] = {}
+        """The call a budget stopped the run before: ``call_id``, ``target``."""
         self._after_model = after_model
         self._before_intent = before_intent
         self._before_append = before_append
@@ -129,8 +134,8 @@ class ExchangeServer:
         with self._lock:  # one thread per connected process
             self.count += 1
             self.bodies_lost += _lost_bodies(body) > 0
-            if self.authorizer is not None and body.get("channel") == "model":
-                self._spend(body)
+            if self.authorizer is not None and base_channel(str(body.get("channel"))) == "model":
+                self._spend(body)  # a model call a tool's body made spends too
         if self._after_model is not None and body.get("channel") == "model":
             pos = body.get("pos")
             self._after_model(str(body.get("proc")), pos if isinstance(pos, int) else -1, lsn)
@@ -155,6 +160,7 @@ class ExchangeServer:
         self.store.append(self.traj, kind, fields, durable=kind not in QUEUED_EVENTS)
         if kind == "ApprovalRequested":
             self.paused_for = str(body.get("call_id"))
+            self.paused_call = {"call": body.get("call"), "summary": body.get("summary")}
 
     def _authorize(self, conn: socket.socket, body: dict[str, Any]) -> None:
         """Decide (policy, budget), append ``Authorized`` first, then answer the decision."""
@@ -166,6 +172,8 @@ class ExchangeServer:
                                                 str(body.get("channel")))
                 if answer["decision"] == "stop":
                     self.stopped_for = str(answer["reason"])
+                    self.stopped_at = {"call_id": body.get("call_id"),
+                                       "target": body.get("target")}
         if self.authorizer is not None:
             self.store.append(self.traj, "Authorized",
                               {"call_id": body.get("call_id"), **answer}, durable=False)

@@ -31,7 +31,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,6 +272,9 @@ class Snapshotter:
     rules: IgnoreRules | Mapping[str, IgnoreRules] = field(default_factory=IgnoreRules)
     """One set for every root (each root's ``.stenoignore`` added), or one per root."""
     limits: Limits = field(default_factory=Limits)
+    read_from: Callable[[str], str] | None = None
+    """Where each root's files are read (a sealed run's view of it, through its
+    namespace's ``/proc/<pid>/root``); the manifest still names the root itself."""
     _seen: dict[str, dict[str, _Seen]] = field(default_factory=dict)
     _last: BlobRef | None = None
     _depth: int = 0
@@ -283,16 +286,17 @@ class Snapshotter:
         skipped = 0
         wrote = False
         for root in self.roots:
-            rules = (self.rules.with_file(root) if isinstance(self.rules, IgnoreRules)
+            src = self.read_from(root) if self.read_from is not None else root
+            rules = (self.rules.with_file(src) if isinstance(self.rules, IgnoreRules)
                      else self.rules.get(root, IgnoreRules()))
             known = self._seen.get(root, {})
-            stats, sk = scan(root, rules, self.limits)
+            stats, sk = scan(src, rules, self.limits)
             skipped += sk
             tree: Tree = {}
             seen: dict[str, _Seen] = {}
             for rel, st in stats.items():
                 prev = known.get(rel)
-                made = self._entry(root, rel, st, prev)
+                made = self._entry(src, rel, st, prev)
                 if made is None:
                     continue
                 entry, new = made

@@ -52,6 +52,9 @@ class EffectService:
         self.servers: list[dict[str, Any]] = []
         self._answers: dict[str, tuple[str, bytes]] = {}
         self.by_key: Counter[str] = Counter()
+        self.bodies_by_key: dict[str, set[str]] = {}
+        """Every distinct body sent under each idempotency key (payments and servers):
+        more than one under a key is a key sent for another intent."""
         self.requests = 0
         self.rejected_stale = 0
         self.on_effect: Any = None
@@ -96,6 +99,8 @@ class EffectService:
         with self._lock:
             return {"payments": len(self.payments), "servers": len(self.servers),
                     "by_key": dict(self.by_key),
+                    "keys_reused": sorted(k for k, v in self.bodies_by_key.items()
+                                          if len(v) > 1),
                     "by_name": dict(Counter(s["name"] for s in self.servers)),
                     "requests": self.requests, "rejected_stale": self.rejected_stale}
 
@@ -104,6 +109,8 @@ class EffectService:
     def pay(self, body: dict[str, Any], key: str | None) -> tuple[int, dict[str, Any]]:
         canon = json.dumps(body, sort_keys=True)
         with self._lock:
+            if key is not None:
+                self.bodies_by_key.setdefault(key, set()).add(f"/payments {canon}")
             if key is not None and key in self._answers:
                 seen_body, answer = self._answers[key]
                 if seen_body != canon:
@@ -118,8 +125,12 @@ class EffectService:
                 self.by_key[key] += 1
             return 201, payment
 
-    def provision(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def provision(self, body: dict[str, Any], key: str | None = None
+                  ) -> tuple[int, dict[str, Any]]:
         with self._lock:
+            if key is not None:
+                self.bodies_by_key.setdefault(key, set()).add(
+                    f"/servers {json.dumps(body, sort_keys=True)}")
             server = {"id": f"srv_{len(self.servers) + 1}", "name": body.get("name")}
             self.servers.append(server)
             return 201, server
@@ -187,7 +198,7 @@ def _handler(svc: EffectService) -> type[BaseHTTPRequestHandler]:
             if path == "/payments":
                 status, out = svc.pay(body, self.headers.get("Idempotency-Key"))
             elif path == "/servers":
-                status, out = svc.provision(body)
+                status, out = svc.provision(body, self.headers.get("Idempotency-Key"))
             else:
                 self._send(404, {"error": "no such endpoint"})
                 return

@@ -1,0 +1,44 @@
+"""The one line a person reads when a run stops for them (exits 4, 5, 6 and 8).
+
+Each names the call (its id, what it does: the target and its arguments) and the command
+to run next, with the real store and trajectory in it, so it can be pasted as it is. The
+program under the tape prints nothing of its own for these stops: the recorder knows
+what happened, and the CLI says it once.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+
+def _q(value: str) -> str:
+    return shlex.quote(value)
+
+
+def paused_line(store: str, traj: str, call_id: str, call: dict[str, Any]) -> str:
+    """Exit 5: a call held for a person."""
+    what = str(call.get("summary") or call.get("call") or "a held call")
+    return (f"{traj} paused: {call_id} ({what}) waits for approval: `stenograph "
+            f"approve|deny {_q(store)} {_q(traj)} {call_id} --by NAME`, then `stenograph "
+            f"resume {_q(store)} {_q(traj)}`")
+
+
+def stopped_line(store: str, traj: str, reason: str, at: dict[str, Any]) -> str:
+    """Exit 6: a budget, a policy or drift stopped the run before a call."""
+    where = (f" before {at['call_id']} ({at.get('target')})"
+             if at.get("call_id") else "")
+    return (f"{traj} stopped{where}: {reason}; `stenograph resume {_q(store)} {_q(traj)}` "
+            "with a larger budget (or the drift it refused accepted) continues")
+
+
+def needs_person_line(store: str, traj: str, line: str) -> str:
+    """Exit 4: an effect in doubt that only a person can settle (the hook's line, with
+    the real store and trajectory in its command)."""
+    return line.replace("STORE TRAJ", f"{_q(store)} {_q(traj)}")
+
+
+def fenced_line(store: str, traj: str, what: str) -> str:
+    """Exit 8: this worker lost its lease to another, which carries on."""
+    return (f"{what}; the run continues there: `stenograph status {_q(store)} {_q(traj)}` "
+            "shows it")

@@ -1,0 +1,90 @@
+"""A payments agent the way people write one, for the crash, approval and fencing tests.
+
+The official ``openai`` SDK talks to the model (``OPENAI_BASE_URL``); the model's tool
+calls are run in order. ``pay`` is a plain ``requests.post`` (an HTTP effect stenograph
+finds by itself), held for a person above ``APPROVE_ABOVE`` (``stenograph.approval``)
+and sent with the program's own ``Idempotency-Key`` for one payee. ``provision`` is a
+declared effect tool whose body is itself an HTTP call, with a read probe. With
+``LEDGER`` set, each payment is also appended to that file (a file the run writes);
+``APPROVE_WITHIN`` gives approvals that many seconds before they expire.
+
+    python payments_agent.py EFFECT_URL
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import requests
+from openai import OpenAI
+
+import stenograph
+
+BASE = sys.argv[1]
+APPROVE_ABOVE = 550
+OWN_KEY_PAYEE = "acct-K"
+paid = 0
+
+
+def _fn(fname: str, **props: str) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": fname, "description": fname,
+        "parameters": {"type": "object", "required": list(props),
+                       "properties": {k: {"type": "string", "description": v}
+                                      for k, v in props.items()}}}}
+
+
+TOOLS = [_fn("pay", amount="amount", to="payee"), _fn("provision", name="server name")]
+
+
+def pay(amount: str, to: str) -> str:
+    global paid
+    paid += 1
+    n = int(amount)
+    if n > APPROVE_ABOVE:
+        try:
+            stenograph.approval(f"pay {n} to {to}", f"pay {n} EUR to {to}",
+                                expires=float(os.environ.get("APPROVE_WITHIN") or 0) or None)
+        except stenograph.ApprovalDenied as exc:
+            return json.dumps({"denied": str(exc)})
+    headers = {"Idempotency-Key": f"own-{to}-{paid}"} if to == OWN_KEY_PAYEE else {}
+    r = requests.post(f"{BASE}/payments", json={"amount": n, "to": to}, headers=headers)
+    if os.environ.get("LEDGER"):  # a file the run writes, in its workspace
+        with open(os.environ["LEDGER"], "a") as f:
+            f.write(f"{r.json().get('id')} {n} {to}\n")
+    return json.dumps(r.json())
+
+
+def _probe(name: str) -> Any:
+    found = requests.get(f"{BASE}/servers", params={"name": name}).json()["servers"]
+    return found[0] if found else None
+
+
+@stenograph.tool(effect=True, probe=_probe)
+def provision(name: str) -> Any:
+    return requests.post(f"{BASE}/servers", json={"name": name}).json()
+
+
+def main() -> int:
+    client = OpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key="test-key")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "settle the invoices"}]
+    for _ in range(40):
+        msg = client.chat.completions.create(model="steno-pay", messages=messages,
+                                             tools=TOOLS).choices[0].message
+        if not msg.tool_calls:
+            print("done:", msg.content, flush=True)
+            return 0
+        messages.append(msg.model_dump(exclude_none=True))
+        for call in msg.tool_calls:
+            args = json.loads(call.function.arguments)
+            out = pay(**args) if call.function.name == "pay" else json.dumps(provision(**args))
+            print(call.function.name, json.dumps(args, sort_keys=True), "->", out, flush=True)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": out})
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
