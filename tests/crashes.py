@@ -1,15 +1,25 @@
-"""Crashing a recorded run from outside at a known point: the whole process group (the
-recorder and the program) killed with SIGKILL as the model server receives its n-th
-request. The tests that crash agents share it."""
+"""Crashing a recorded run from outside at a known point, for every test that crashes
+agents: the whole process group (the recorder and the program) is killed with SIGKILL.
+
+* ``kill_at_request``: as the model server receives its n-th request;
+* ``Run`` / ``service`` / ``go``: at a boundary of the effect sequence, seen by the
+  effect service (``("dispatch", n)``: the n-th mutating request arrives, its intent
+  durable, not applied; ``("applied", n)``: applied, before its answer; ``("read", n)``:
+  the n-th GET arrives) or after a delay (``("timer", seconds)``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from stenograph.testing.effect_service import Drop, EffectService
 
 
 def kill_at_request(proc: subprocess.Popen[Any], server: Any, n: int) -> threading.Thread:
@@ -26,3 +36,66 @@ def kill_at_request(proc: subprocess.Popen[Any], server: Any, n: int) -> threadi
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     return t
+
+
+@dataclass
+class Run:
+    """One record or resume, and where it is to be killed (None: not killed)."""
+
+    kill: tuple[str, Any] | None
+    resume: bool = False
+    posts: int = 0
+    reads: int = 0
+    proc: subprocess.Popen[str] | None = None
+    killed: threading.Event = field(default_factory=threading.Event)
+
+    def hit(self, kind: str, n: int) -> None:
+        if self.kill == (kind, n) and self.proc is not None and not self.killed.is_set():
+            self.killed.set()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise Drop()
+
+
+def service(current: list[Run]) -> EffectService:
+    """An effect service that kills ``current[0]`` at its boundary (not started)."""
+    svc = EffectService()
+
+    def on_effect(path: str, headers: dict[str, str]) -> None:
+        run = current[0]
+        run.posts += 1
+        run.hit("dispatch", run.posts)
+
+    def after_effect(path: str, headers: dict[str, str]) -> None:
+        current[0].hit("applied", current[0].posts)
+
+    def on_read(path: str) -> None:
+        run = current[0]
+        run.reads += 1
+        run.hit("read", run.reads)
+
+    svc.on_effect, svc.after_effect, svc.on_read = on_effect, after_effect, on_read
+    return svc
+
+
+def go(run: Run, argv: list[str], cwd: Path, env: dict[str, str],
+       stdout: Any = subprocess.PIPE, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as ``run`` (its own process group), killed as ``run.kill`` says; no
+    process of it outlives the call."""
+    run.proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
+                                stdout=stdout, stderr=subprocess.PIPE, text=True)
+    timer = None
+    if run.kill and run.kill[0] == "timer":
+        def fire() -> None:
+            if run.proc is not None and run.proc.poll() is None and not run.killed.is_set():
+                run.killed.set()
+                os.killpg(run.proc.pid, signal.SIGKILL)
+        timer = threading.Timer(run.kill[1], fire)
+        timer.start()
+    try:
+        out, err = run.proc.communicate(timeout=timeout)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        with contextlib.suppress(ProcessLookupError):  # nothing may outlive its run
+            os.killpg(run.proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(argv, run.proc.returncode, out, err)

@@ -57,7 +57,8 @@ def test_a_new_model_snapshot_is_crossed_with_a_drift_event_or_refused(
                                 text=True, timeout=120)
         assert refuse.returncode == 6, refuse.stderr
         lines = [ln for ln in refuse.stderr.splitlines() if ln.startswith("stenograph:")]
-        assert any("answered by steno-ops-2026-12-01" in ln for ln in lines), refuse.stderr
+        assert len(lines) == 1, refuse.stderr  # one line for the person, not two
+        assert "answered by steno-ops-2026-12-01" in lines[0], refuse.stderr
         cross = subprocess.run([*CLI, "resume", str(store), "t"], cwd=tmp_path,
                                env=_env(svc, models), capture_output=True, text=True,
                                timeout=120)

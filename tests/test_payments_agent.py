@@ -30,11 +30,11 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from crashes import Run, go, service
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -76,57 +76,9 @@ def _env(model: ModelServer, **extra: str) -> dict[str, str]:
     return env
 
 
-@dataclass
-class Run:
-    """One record or resume and where it is killed (None: not killed)."""
-
-    kill: tuple[str, Any] | None
-    posts: int = 0
-    proc: subprocess.Popen[str] | None = None
-    killed: threading.Event = field(default_factory=threading.Event)
-
-    def hit(self, kind: str, n: int) -> None:
-        if self.kill == (kind, n) and self.proc is not None and not self.killed.is_set():
-            self.killed.set()
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            raise Drop()
-
-
-def _service(current: list[Run]) -> EffectService:
-    svc = EffectService()
-
-    def on_effect(path: str, headers: dict[str, str]) -> None:
-        run = current[0]
-        run.posts += 1
-        run.hit("dispatch", run.posts)
-
-    def after_effect(path: str, headers: dict[str, str]) -> None:
-        current[0].hit("applied", current[0].posts)
-
-    svc.on_effect, svc.after_effect = on_effect, after_effect
-    return svc
-
-
 def _go(run: Run, argv: list[str], cwd: Path, env: dict[str, str],
         stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
-    run.proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
-                                stdout=stdout, stderr=subprocess.PIPE, text=True)
-    timer = None
-    if run.kill and run.kill[0] == "timer":
-        def fire() -> None:
-            if run.proc is not None and run.proc.poll() is None and not run.killed.is_set():
-                run.killed.set()
-                os.killpg(run.proc.pid, signal.SIGKILL)
-        timer = threading.Timer(run.kill[1], fire)
-        timer.start()
-    try:
-        out, err = run.proc.communicate(timeout=180)
-    finally:
-        if timer is not None:
-            timer.cancel()
-        with contextlib.suppress(ProcessLookupError):  # nothing may outlive its run
-            os.killpg(run.proc.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(argv, run.proc.returncode, out, err)
+    return go(run, argv, cwd, env, stdout)
 
 
 def _status(store: Path) -> dict[str, Any] | None:
@@ -153,7 +105,7 @@ def trial(tmp: Path, pays: list[Pay], provision_at: int, kills: list[tuple[str, 
     runs: list[Run] = []
     asked: list[str] = []
     with ModelServer(script=_script(_turns(pays, provision_at))) as model, \
-            _service(current) as svc:
+            service(current) as svc:
         env = _env(model)
         for i in range(len(kills) + 12):
             run = Run(kills[i] if i < len(kills) else None)
@@ -309,7 +261,7 @@ def test_two_workers_the_first_stopped_past_its_lease_is_fenced(tmp_path: Path) 
     current = [Run(("dispatch", 2))]
     stop_a = threading.Event()
     with ModelServer(script=_script(_turns(PAYS[:4], 9))) as model, \
-            _service(current) as svc:
+            service(current) as svc:
         env = _env(model)
         orig = svc.on_effect
 
@@ -368,7 +320,7 @@ def test_a_resume_keeps_its_own_output_and_a_persons_files(tmp_path: Path) -> No
     store = tmp_path / "s"
     current = [Run(("dispatch", 3))]
     with ModelServer(script=_script(_turns(PAYS[:4], 9))) as model, \
-            _service(current) as svc:
+            service(current) as svc:
         env = _env(model, LEDGER=str(ws / "ledger.txt"))
         _go(current[0], [*CLI, "record", "--store", str(store), "--traj", "t",
                          "-o", str(tmp_path / "t.steno"), "--", sys.executable, str(AGENT),
@@ -408,7 +360,7 @@ def test_an_unsettleable_effect_stops_with_one_line_naming_it(tmp_path: Path) ->
         "print(provision('db1'))\n")
     store = tmp_path / "s"
     current = [Run(("applied", 1))]
-    with _service(current) as svc:
+    with service(current) as svc:
         env = {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
         _go(current[0], [*CLI, "record", "--store", str(store), "--traj", "t",
                          "--workspace", "none", "-o", str(tmp_path / "t.steno"), "--",

@@ -99,8 +99,10 @@ def test_a_spent_token_budget_stops_the_run_and_a_larger_one_finishes_it(
                    sys.executable, str(ROOT / "examples" / "effect_agent.py"), cwd=tmp_path,
                    env=env)
         assert rec.returncode == 6, rec.stderr
-        lines = [ln for ln in rec.stderr.splitlines() if ln.startswith("stenograph: error")]
+        lines = [ln for ln in rec.stderr.splitlines() if ln.startswith("stenograph:")]
         assert len(lines) == 1 and "token budget (1) is spent" in lines[0], rec.stderr
+        assert "before 0/model/1 (POST " in lines[0], lines  # the call it stopped before
+        assert f"stenograph resume {store} t" in lines[0], lines
         assert len(models.requests) == 1  # stopped before the second model call
         (st,) = states(store, "t")
         assert st.state == "stopped"

@@ -13,7 +13,6 @@ plain ``requests`` script; nothing in it knows about stenograph.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -23,15 +22,15 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from crashes import Run, go, service
 
 from stenograph.cli_status import states
 from stenograph.recorder.errors import BadInput
-from stenograph.testing.effect_service import Drop, EffectService
+from stenograph.testing.effect_service import EffectService
 
 CLI = [sys.executable, "-m", "stenograph"]
 PAYMENTS = 3
@@ -62,63 +61,8 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
 
 
-@dataclass
-class Run:
-    """One record or resume, and where it is to be killed (None: not killed)."""
-
-    kill: tuple[str, Any] | None
-    resume: bool = False
-    posts: int = 0
-    reads: int = 0
-    proc: subprocess.Popen[str] | None = None
-    killed: threading.Event = field(default_factory=threading.Event)
-
-    def hit(self, kind: str, n: int) -> None:
-        if self.kill == (kind, n) and self.proc is not None and not self.killed.is_set():
-            self.killed.set()
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            raise Drop()
-
-
-def _service(run_of: list[Run]) -> EffectService:
-    svc = EffectService()
-
-    def on_effect(path: str, headers: dict[str, str]) -> None:
-        run = run_of[0]
-        run.posts += 1
-        run.hit("dispatch", run.posts)
-
-    def after_effect(path: str, headers: dict[str, str]) -> None:
-        run_of[0].hit("applied", run_of[0].posts)
-
-    def on_read(path: str) -> None:
-        run = run_of[0]
-        run.reads += 1
-        run.hit("read", run.reads)
-
-    svc.on_effect, svc.after_effect, svc.on_read = on_effect, after_effect, on_read
-    return svc
-
-
 def _go(run: Run, argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    run.proc = subprocess.Popen(argv, cwd=cwd, env=_env(), start_new_session=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    timer = None
-    if run.kill and run.kill[0] == "timer":
-        def fire() -> None:
-            if run.proc is not None and run.proc.poll() is None and not run.killed.is_set():
-                run.killed.set()
-                os.killpg(run.proc.pid, signal.SIGKILL)
-        timer = threading.Timer(run.kill[1], fire)
-        timer.start()
-    try:
-        out, err = run.proc.communicate(timeout=120)
-    finally:
-        if timer is not None:
-            timer.cancel()
-        with contextlib.suppress(ProcessLookupError):  # nothing may outlive its run
-            os.killpg(run.proc.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(argv, run.proc.returncode, out, err)
+    return go(run, argv, cwd, _env(), timeout=120)
 
 
 def _status(store: Path) -> dict[str, Any] | None:
@@ -141,7 +85,7 @@ def trial(tmp: Path, kills: list[tuple[str, Any] | None]) -> dict[str, Any]:
     store = tmp / "store"
     runs: list[Run] = []
     current: list[Run] = [Run(None)]
-    with _service(current) as svc:
+    with service(current) as svc:
         for i in range(len(kills) + 8):
             run = Run(kills[i] if i < len(kills) else None)
             st = _status(store) if i else None
@@ -259,7 +203,7 @@ def _crashed(tmp: Path, program: str, kill: tuple[str, Any]) -> tuple[EffectServ
     """A service, and a store whose trajectory ``t`` crashed at ``kill``."""
     (tmp / "p.py").write_text(program)
     current = [Run(kill)]
-    svc = _service(current).start()
+    svc = service(current).start()
     _go(current[0], [*CLI, "record", "--store", str(tmp / "s"), "--traj", "t", "--workspace",
                      "none", "-o", str(tmp / "t.steno"), "--", sys.executable,
                      str(tmp / "p.py"), svc.url], tmp)

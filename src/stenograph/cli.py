@@ -350,22 +350,32 @@ def _what_stayed(store: Path, traj: str, events: int) -> str:
 
 @log.command("scan")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--secret", "secrets_", multiple=True, required=True,
+@click.option("--secret", "secrets_", multiple=True,
               help="A value that must not be in the log (repeatable).")
-def log_scan(path: Path, secrets_: tuple[str, ...]) -> None:
+@click.option("--shapes", is_flag=True,
+              help="Also look for any value in the shape of a known key (the rule set "
+              "recordings are redacted with, docs/record-your-agent.md), raw or base64/hex "
+              "encoded.")
+def log_scan(path: Path, secrets_: tuple[str, ...], shapes: bool) -> None:
     """Find a secret in a store or .steno file: raw, base64 (any alignment), hex or
     URL-encoded, in every event, blob and file byte. Exits 1 if found, 0 if not.
 
     Events are searched decoded (a compressed payload hides nothing) and every file is
     searched as it is on disk, so a copy outside any event (a torn tail) is found too.
+    With --shapes, values nobody named are looked for by their shape (an API key, a
+    token, a private key block) as well.
     """
     import msgpack
 
     from stenograph.interpose.redact import encodings
     from stenograph.recorder.blobs import blob_refs
+    from stenograph.recorder.keyshapes import KeyShapes, maintained
     from stenograph.recorder.trajfile import read_trajectory
 
+    if not secrets_ and not shapes:
+        raise BadInput("give --secret VALUE (repeatable), --shapes, or both")
     needles = [(s, e) for s in secrets_ for e in encodings(s.encode())]
+    finder = KeyShapes(maintained()) if shapes else None
     hits: list[str] = []
 
     def look(where: str, data: bytes) -> None:
@@ -374,6 +384,9 @@ def log_scan(path: Path, secrets_: tuple[str, ...]) -> None:
             if at >= 0:
                 how = "raw" if enc == secret.encode() else f"encoded as {enc.decode()!r}"
                 hits.append(f"{where}: {how} at byte {at}")
+        for found in finder.found(data) if finder is not None else ():
+            shown = found if len(found) <= 12 else f"{found[:8]}...({len(found)} chars)"
+            hits.append(f"{where}: a key-shaped value {shown!r}")
 
     if _kind_of_path(path) == "store":
         reader = StoreReader(path)
@@ -398,7 +411,8 @@ def log_scan(path: Path, secrets_: tuple[str, ...]) -> None:
         click.echo(line)
     if hits:
         sys.exit(1)
-    click.echo(f"not found: {len(needles)} encodings of {len(secrets_)} secret(s)")
+    click.echo(f"not found: {len(needles)} encodings of {len(secrets_)} secret(s)"
+               + (f", {len(finder.shapes)} key shapes" if finder is not None else ""))
 
 
 @main.command("gc")

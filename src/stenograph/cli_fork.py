@@ -42,7 +42,7 @@ from stenograph.harness import fork as forking
 from stenograph.harness.source import open_recording
 from stenograph.interpose import resume_plan
 from stenograph.interpose.launch import Seal, run_under_shim
-from stenograph.interpose.shim import PROTOCOL
+from stenograph.interpose.shim import PROTOCOL, readable
 from stenograph.interpose.workspace import prepare as prepare_workspace
 from stenograph.interpose.workspace import recorded_rules, start_snapshot
 from stenograph.recorder import keyshapes
@@ -125,7 +125,7 @@ def fork(file: str, at: int, output: str, reply_file: str | None, model_url: str
     rec = open_recording(file)
     tr = rec.trajectory()
     started = tr.started
-    if str(started.get("shim") or "?").partition("/")[0] != str(PROTOCOL):
+    if readable(started.get("shim")) is None:
         raise BadInput(f"recorded with shim protocol {started.get('shim')}; this stenograph "
                        f"speaks {PROTOCOL}", file)
     argv = _here(list(cmd), started.get("cwd")) if cmd else None
@@ -192,7 +192,7 @@ def _run(rec: Any, fp: forking.ForkPlan, extra: list[dict[str, Any]], out: Path,
             for entry in extra:
                 s.append(traj, "Exchange", entry)
             extra_events = [Event(0, traj, 1 << 60, None, "Exchange", e) for e in extra]
-            prepare_tape(fp.prefix, tape)
+            prepare_tape(fp.prefix, tape, protocol=readable(started.get("shim")))
             prepare_py_tape([*fp.prefix, *extra_events], tape, rec.blobs)
             (tape / "py" / resume_plan.FILE).write_text(json.dumps(
                 {"in_doubt": {}, "approvals": {}, "drift": {}}))

@@ -45,8 +45,13 @@ from stenograph.cli_run import (
 )
 from stenograph.interpose import resume_plan
 from stenograph.interpose.launch import HeldSeal, Seal, run_under_shim, seal_roots
-from stenograph.interpose.shim import PROTOCOL
-from stenograph.interpose.workspace import WorkspaceMount, recorded_rules, start_snapshot
+from stenograph.interpose.shim import PROTOCOL, readable
+from stenograph.interpose.workspace import (
+    WorkspaceMount,
+    recorded_rules,
+    recorded_secrets,
+    start_snapshot,
+)
 from stenograph.interpose.workspace import prepare as prepare_workspace
 from stenograph.recorder import keyshapes
 from stenograph.recorder.blobs import BlobRef, BlobStore
@@ -122,7 +127,7 @@ def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
         raise BadInput(f"{traj} has no RunStarted with a command: nothing to resume from",
                        str(store))
     recorded = str(started.get("shim") or "?").partition("/")[0]
-    if recorded != str(PROTOCOL):
+    if readable(started.get("shim")) is None:
         raise BadInput(f"recorded with shim protocol {recorded}; this stenograph speaks "
                        f"{PROTOCOL}", str(store))
     worker = Worker(store, traj, rp.state.epoch + 1, lease_ttl)
@@ -211,7 +216,7 @@ def _run(store: Path, traj: str, rp: ResumePlan, worker: Worker, all_events: lis
                 s.append(traj, "Exchange", entry)
                 entries.append(entry)
             extra_events = [Event(0, traj, 1 << 60, None, "Exchange", e) for e in entries]
-            prepare_tape(rp.events, tape)
+            prepare_tape(rp.events, tape, protocol=readable(started.get("shim")))
             prepare_py_tape([*rp.events, *extra_events], tape, BlobStore(store / "blobs"))
             keys = {str(e.body["idempotency_key"]): str(e.body.get("call_id"))
                     for e in rp.events
@@ -375,7 +380,8 @@ def _seal_workspace(s: Store, store: Path, traj: str, rp: ResumePlan, tape: Path
     rules = recorded_rules(rp.started)
     roots = [r for r in rules if os.path.isdir(r)]
     limits = Limits(files=1 << 40, bytes=1 << 62)
-    before = Snapshotter(blobs, roots, rules, limits).take()
+    secrets = recorded_secrets(rp.started, keyshapes.for_run(rp.started))
+    before = Snapshotter(blobs, roots, rules, limits, secrets=secrets).take()
     s.append(traj, "Checkpoint", {
         "at": "pre-resume", "turn": rp.state.turns, "covers_lsn": s.synced_lsn,
         "snapshot": before.ref.to_body(), "files": before.files,
@@ -394,8 +400,8 @@ def _seal_workspace(s: Store, store: Path, traj: str, rp: ResumePlan, tape: Path
                 for rel, e in tree.items():
                     if e.kind == "f":
                         known.setdefault(root, {}).setdefault(rel, set()).add(e.sha256)
-    checkpoints = Checkpointer(s, traj, Snapshotter(blobs, list(manifest.roots), rules, limits),
-                               Cadence())
+    checkpoints = Checkpointer(s, traj, Snapshotter(blobs, list(manifest.roots), rules, limits,
+                                                    secrets=secrets), Cadence())
     checkpoints.turns = rp.state.turns
     writes = tape / "writes"
     writes.mkdir()

@@ -45,8 +45,9 @@ from stenograph.interpose.launch import (
 )
 from stenograph.interpose.pyenv import hook_env
 from stenograph.interpose.redact import NAME_PATTERN, RedactionRules
-from stenograph.interpose.shim import PROTOCOL, shim_path, shim_version
+from stenograph.interpose.shim import PROTOCOL, readable, shim_path, shim_version
 from stenograph.interpose.workspace import (
+    SecretServed,
     WorkspaceMount,
     WorkspacePlan,
     recorded_rules,
@@ -277,6 +278,14 @@ def make_authorizer(policy_file: str | None, budget_tokens: int | None,
 @click.option("--workspace-ignore", "ws_ignore", multiple=True, metavar="GLOB",
               help="Leave paths matching GLOB out of the snapshots (repeatable; like a "
               "line of a .stenoignore). Left-out paths are live at replay.")
+@click.option("--workspace-secret", "ws_secret", multiple=True, metavar="GLOB",
+              help="Treat files matching GLOB as secret files too: their values are masked "
+              "in every snapshot (repeatable; like a `secret: GLOB` line of a .stenoignore; "
+              ".env, keys and credentials files are by default, see "
+              "docs/record-your-agent.md).")
+@click.option("--workspace-not-secret", "ws_not_secret", multiple=True, metavar="GLOB",
+              help="Files matching GLOB are not secret files (still scanned for key shapes; "
+              "repeatable; like `!secret: GLOB`).")
 @click.option("--workspace-max", "ws_max", metavar="FILES|SIZE|FILES:SIZE", default=None,
               help="Refuse to start when a workspace is bigger (default 100000 files, 2G).")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=None, metavar="N",
@@ -289,7 +298,8 @@ def make_authorizer(policy_file: str | None, budget_tokens: int | None,
 @lease_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_loop: bool,
-           workspaces: tuple[str, ...], ws_ignore: tuple[str, ...], ws_max: str | None,
+           workspaces: tuple[str, ...], ws_ignore: tuple[str, ...], ws_secret: tuple[str, ...],
+           ws_not_secret: tuple[str, ...], ws_max: str | None,
            checkpoint_every: int | None, mtbf: float, policy_file: str | None,
            budget_tokens: int | None, budget_usd: float | None, prices_file: str | None,
            lease_ttl: float, cmd: tuple[str, ...]) -> None:
@@ -311,8 +321,10 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
         raise BadInput("an interrupted recording is in the way: resume it with `stenograph "
                        "resume` (see `stenograph status`), export it with `stenograph log "
                        "export`, or remove it", str(store_path))
+    shapes = keyshapes.for_run()
     ws = plan_workspace(workspaces, ws_ignore, ws_max, os.getcwd(),
-                        exclude=[str(store_path), str(out)])
+                        exclude=[str(store_path), str(out)], secret=ws_secret,
+                        not_secret=ws_not_secret, shapes=shapes)
     authorizer = make_authorizer(policy_file, budget_tokens, budget_usd, prices_file)
     cadence = Cadence(mtbf=mtbf * 3600, every=checkpoint_every)
     sweep_dead_sockets()
@@ -324,7 +336,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
         try:
             stats, exchanges, stalls, result = _record_into(
                 store_path, traj, argv, env, tmp, asyncio_loop, ran, ws, cadence, authorizer,
-                lease_ttl)
+                lease_ttl, shapes)
             from stenograph.recorder.trajfile import export_trajectory
 
             export_trajectory(store_path, traj, out)
@@ -350,7 +362,8 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
         if ran.get("checkpoints"):
             cp = ran["checkpoints"]
             click.echo(f"stenograph: workspace: {cp.taken[0].files} files in "
-                       f"{len(cp.snap.roots)} root(s), {len(cp.taken)} checkpoint(s)", err=True)
+                       f"{len(cp.snap.roots)} root(s), {len(cp.taken)} checkpoint(s)"
+                       f"{_redacted_note(cp.snap.redacted)}", err=True)
             for e in cp.errors:
                 click.echo(f"stenograph: warning: {e}", err=True)
         for s in stalls:
@@ -442,6 +455,7 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
                  tmp: str, asyncio_loop: bool, ran: dict[str, Any],
                  ws: WorkspacePlan | None = None, cadence: Cadence | None = None,
                  authorizer: Any = None, lease_ttl: float = 30.0,
+                 shapes: KeyShapes | None = None,
                  ) -> tuple[Any, Any, list[dict[str, str]], RunResult]:
     """Run ARGV under the tape into STORE_PATH: RunStarted, the start checkpoint, the
     run, the end checkpoint, RunEnded. The program's result goes into ``ran`` as soon as
@@ -449,7 +463,8 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
     worker = Worker(store_path, traj, 0, lease_ttl)
     try:
         return _record_leased(store_path, traj, argv, env, tmp, asyncio_loop, ran, ws,
-                              cadence, authorizer, worker)
+                              cadence, authorizer, worker,
+                              shapes if shapes is not None else keyshapes.for_run())
     except StenographError:
         lost = worker.fenced()  # the store refused this writer: say why, in one line
         if lost is not None:
@@ -462,8 +477,8 @@ def _record_into(store_path: Path, traj: str, argv: list[str], env: dict[str, st
 def _record_leased(store_path: Path, traj: str, argv: list[str], env: dict[str, str],
                    tmp: str, asyncio_loop: bool, ran: dict[str, Any],
                    ws: WorkspacePlan | None, cadence: Cadence | None, authorizer: Any,
-                   worker: Worker) -> tuple[Any, Any, list[dict[str, str]], RunResult]:
-    shapes = keyshapes.for_run()
+                   worker: Worker, shapes: KeyShapes,
+                   ) -> tuple[Any, Any, list[dict[str, str]], RunResult]:
     keyshapes.install(shapes, tmp)  # beside the exchange socket
     with Store(store_path, shared=True) as store:
         first = store.append(traj, "RunStarted", {
@@ -486,7 +501,7 @@ def _record_leased(store_path: Path, traj: str, argv: list[str], env: dict[str, 
         if ws is not None:
             checkpoints = Checkpointer(
                 store, traj, Snapshotter(BlobStore(store_path / "blobs"), ws.roots, ws.rules,
-                                         ws.limits), cadence or Cadence())
+                                         ws.limits, secrets=ws.secrets), cadence or Cadence())
             checkpoints.start(first)
             ran["checkpoints"] = checkpoints
         session = RecordSession(store, traj, Path(tmp) / "tape.sock")
@@ -679,7 +694,8 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         raise BadInput("a fork of another build (its prefix was recorded by the parent's "
                        "build): replay it with --build", file)
     recorded = str(started.get("shim") or "?").partition("/")[0]
-    old_tape = recorded != str(PROTOCOL)
+    protocol = readable(started.get("shim"))
+    old_tape = protocol is None
     if old_tape and not build:
         raise BadInput(f"recorded with shim protocol {recorded}; this stenograph speaks "
                        f"{PROTOCOL} (a build replay, --build, still reads it)", file)
@@ -691,7 +707,7 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
             (tape / "divergence").unlink(missing_ok=True)
         killed = _killed_by(ended)
         if not old_tape:  # another protocol's C tape: all incidental, all live
-            prepare_tape(events, tape, killed=killed)
+            prepare_tape(events, tape, killed=killed, protocol=protocol)
         prepare_py_tape(events, tape, blobs)
         rec_env = started.get("env") or {}
         if not isinstance(rec_env, dict):
@@ -716,6 +732,7 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
             extra["STENO_NONET"] = "1"
         cwd = started.get("cwd")
         mounts = []
+        secret_files: list[SecretServed] = []
         snap = start_snapshot(events)
         if snap is not None and not unsealed:
             blob_map = MapBlobs(blobs)
@@ -726,7 +743,8 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
                     {r: manifest.trees.get(r, {}) for r in manifest.roots},
                     recorded_rules(started), code_globs or buildreplay.CODE_GLOBS)
             mounts = prepare_workspace(manifest, blob_map, recorded_rules(started),
-                                       tape / "ws", live=[*live, *named])
+                                       tape / "ws", live=[*live, *named],
+                                       secrets=secret_files)
         sealed_cwd = cwd if isinstance(cwd, str) and mounts else None
         if not isinstance(cwd, str) or not os.path.isdir(cwd):
             cwd = None
@@ -749,6 +767,12 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
                                    "live)"]
         else:
             report = _report(file, tape, started, ended, result, argv)
+        if protocol is not None and protocol != PROTOCOL:
+            report.setdefault("notes", []).append(
+                f"recorded with shim protocol {recorded}, read as protocol {PROTOCOL} (the "
+                "records it no longer serves left out)")
+        if secret_files:
+            report["secret_files"] = [n.to_json() for n in secret_files]
     finally:
         if not keep_tape:
             shutil.rmtree(tape, ignore_errors=True)
@@ -777,6 +801,20 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         if not as_json:
             raise ReplayDiverged(f"replay is not bit-identical ({different} differ)", file)
         sys.exit(ReplayDiverged.exit_code)
+
+
+def _redacted_note(redacted: list[tuple[str, Any]]) -> str:
+    """What the record's summary line says of the files stored masked."""
+    files = {rel for rel, s in redacted if s.why == "file"}
+    scanned = {rel: s.hits for rel, s in redacted if s.why == "content"}
+    parts = []
+    if files:
+        parts.append(f"{len(files)} secret file(s) masked ({', '.join(sorted(files)[:3])}"
+                     f"{' ...' if len(files) > 3 else ''})")
+    if scanned:
+        parts.append(f"{sum(scanned.values())} secret value(s) masked in {len(scanned)} "
+                     "other file(s)")
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def _here(cmd: list[str], recorded_cwd: Any) -> list[str]:
@@ -887,6 +925,10 @@ def _print_report(report: dict[str, Any], as_json: bool) -> None:
     if not report["divergences"]:
         same = report["identical"]
         verdict = "bit-identical" if all(same.values()) else "DIFFERENT"
+        if not all(same.values()):  # a masked secret file may be why: name it
+            for n in report.get("secret_files", []):
+                if n["served"] == "masked" or n["same"] is False:
+                    click.echo(f"stenograph: note: {SecretServed(**n).line()}", err=err)
         if report.get("killed") and all(same.values()):
             verdict += f" up to the kill (signal {report['killed']['signal']})"
             past = report["killed"]["after_kill_bytes"]

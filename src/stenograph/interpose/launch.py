@@ -423,22 +423,11 @@ class HeldSeal:
     runs and after it ended -- a resume's checkpoints are of what the program saw."""
 
     def __init__(self, seal: Seal, env: Mapping[str, str]) -> None:
-        why_r, why_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        try:
-            try:
-                self.proc = subprocess.Popen(
-                    [python_executable(), "-S", "-c", HOLDER], stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, close_fds=True, env={"PATH": "/usr/bin:/bin"},
-                    preexec_fn=_seal_preexec(seal, seal_roots(env), why_w))
-            except subprocess.SubprocessError:
-                try:
-                    why = os.read(why_r, 1000).decode(errors="replace")
-                except OSError:
-                    why = ""
-                raise _unavailable(why) from None
-        finally:
-            os.close(why_r)
-            os.close(why_w)
+        with _why_pipe() as why_w:
+            self.proc = subprocess.Popen(
+                [python_executable(), "-S", "-c", HOLDER], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, close_fds=True, env={"PATH": "/usr/bin:/bin"},
+                preexec_fn=_seal_preexec(seal, seal_roots(env), why_w))
         assert self.proc.stdout is not None
         if self.proc.stdout.read(2) != b"ok":
             self.proc.wait()
@@ -485,6 +474,25 @@ class HeldSeal:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+@contextlib.contextmanager
+def _why_pipe() -> Iterator[int]:
+    """A pipe a child's preexec function writes what went wrong into (the subprocess
+    module says only that it failed): a failed spawn becomes ``SealUnavailable`` with
+    that reason."""
+    why_r, why_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        yield why_w
+    except subprocess.SubprocessError:
+        try:
+            why = os.read(why_r, 1000).decode(errors="replace")
+        except OSError:
+            why = ""
+        raise _unavailable(why) from None
+    finally:
+        os.close(why_r)
+        os.close(why_w)
 
 
 def _unavailable(why: str) -> SealUnavailable:
@@ -637,30 +645,22 @@ def run_under_shim(
     check_dynamic(prog)
     if stop_on is not None:
         _adopt_orphans()
-    why_r, why_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-    preexec = (held.enter(why_w, cwd) if held is not None
-               else _seal_preexec(seal, seal_roots(env), why_w) if seal is not None else None)
     sealed_cwd = (held.cwd or cwd) if held is not None else seal.cwd if seal is not None \
         else None
     try:
-        with _aslr_off_for_children() if aslr_off else contextlib.nullcontext():
+        with _why_pipe() as why_w, \
+                _aslr_off_for_children() if aslr_off else contextlib.nullcontext():
+            preexec = (held.enter(why_w, cwd) if held is not None
+                       else _seal_preexec(seal, seal_roots(env), why_w) if seal is not None
+                       else None)
             proc = subprocess.Popen(
                 [prog, *argv[1:]], executable=prog, env=pad_steno_env(env),
                 cwd=None if sealed_cwd else cwd,
                 stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
                 preexec_fn=preexec,
             )
-    except subprocess.SubprocessError:
-        try:
-            why = os.read(why_r, 1000).decode(errors="replace")
-        except OSError:
-            why = ""
-        raise _unavailable(why) from None
     except OSError as exc:
         raise BadInput(f"cannot run command: {exc.strerror}", argv[0]) from None
-    finally:
-        os.close(why_r)
-        os.close(why_w)
     if started is not None:
         started(proc)
     out_h = OutputDigest(cut[0] if cut else None)

@@ -17,6 +17,17 @@ from stenograph.recorder.errors import BadInput
 PROTOCOL = 3
 """Wire/tape protocol version; must match STENO_PROTOCOL in shim_c/steno_shim.h."""
 
+READS = frozenset({2, 3})
+"""The protocols whose tapes this shim replays: a protocol-2 tape is made one of this
+protocol when it is prepared (``recorder.tape.prepare_tape``: its per-call ``getpid``
+records are dropped)."""
+
+
+def readable(recorded_shim: object) -> int | None:
+    """The protocol of a recording's ``RunStarted.shim`` if this shim replays it."""
+    head = str(recorded_shim or "?").partition("/")[0]
+    return int(head) if head.isdigit() and int(head) in READS else None
+
 
 @lru_cache(maxsize=1)
 def shim_path() -> str:

@@ -23,12 +23,14 @@ import os
 import stat
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stenograph.recorder.blobs import BlobRef
 from stenograph.recorder.errors import BadInput
+from stenograph.recorder.keyshapes import KeyShapes
+from stenograph.recorder.secretfiles import NOT_SECRET, SECRET_FILES, SecretRules
 from stenograph.recorder.snapshots import (
     DEFAULT_IGNORE,
     IgnoreRules,
@@ -50,20 +52,30 @@ class WorkspacePlan:
     roots: list[str]
     rules: dict[str, IgnoreRules]
     limits: Limits
+    secrets: SecretRules = field(default_factory=SecretRules)
 
     def to_body(self) -> dict[str, Any]:
         return {"roots": [{"path": r, "ignore": list(self.rules[r].patterns),
-                           "exclude": list(self.rules[r].exclude)} for r in self.roots]}
+                           "exclude": list(self.rules[r].exclude)} for r in self.roots],
+                **self.secrets.to_body()}
 
 
 def plan(workspaces: Sequence[str], ignores: Sequence[str], limit: str | None,
-         cwd: str, exclude: Sequence[str]) -> WorkspacePlan | None:
+         cwd: str, exclude: Sequence[str], secret: Sequence[str] = (),
+         not_secret: Sequence[str] = (), shapes: KeyShapes | None = None
+         ) -> WorkspacePlan | None:
     """The roots and rules a record will snapshot (None: ``--workspace none``); scans
-    each root once to refuse a workspace over the limits before anything is made."""
+    each root once to refuse a workspace over the limits before anything is made.
+    ``secret`` / ``not_secret``: globs added to / taken from the secret files."""
     if any(w == "none" for w in workspaces):
         if len(workspaces) > 1:
             raise BadInput("--workspace none cannot be combined with other directories")
         return None
+    for g in (*secret, *not_secret):
+        if not g.strip() or "\0" in g:
+            raise BadInput("--workspace-secret / --workspace-not-secret want a glob", g)
+    secrets = SecretRules(SECRET_FILES + tuple(secret), NOT_SECRET + tuple(not_secret),
+                          shapes)
     roots = ensure_roots(list(workspaces) or [cwd])
     limits = Limits.parse(limit) if limit else Limits()
     excl = tuple(os.path.realpath(x) for x in (*exclude, PACKAGE_DIR))
@@ -71,7 +83,7 @@ def plan(workspaces: Sequence[str], ignores: Sequence[str], limit: str | None,
     for r in roots:
         rules[r] = IgnoreRules(DEFAULT_IGNORE + tuple(ignores), excl).with_file(r)
         scan(r, rules[r], limits)
-    return WorkspacePlan(roots, rules, limits)
+    return WorkspacePlan(roots, rules, limits, secrets)
 
 
 # ----------------------------------------------------------------------------- replay
@@ -106,6 +118,17 @@ def start_snapshot(events: Sequence[Any]) -> BlobRef | None:
     return None
 
 
+def recorded_secrets(started: Mapping[str, Any], shapes: KeyShapes | None) -> SecretRules:
+    """The secret-file rules a recording was made with (its own names, its key shapes),
+    for the snapshots a resume takes of the same workspace."""
+    ws = started.get("workspace") or {}
+    names, not_names = ws.get("secret"), ws.get("not_secret")
+    if not isinstance(names, list) or not isinstance(not_names, list):
+        return SecretRules(shapes=shapes)  # an older recording: today's defaults
+    return SecretRules(tuple(str(n) for n in names), tuple(str(n) for n in not_names),
+                       shapes)
+
+
 def recorded_rules(started: Mapping[str, Any]) -> dict[str, IgnoreRules]:
     ws = started.get("workspace") or {}
     out = {}
@@ -116,14 +139,40 @@ def recorded_rules(started: Mapping[str, Any]) -> dict[str, IgnoreRules]:
     return out
 
 
+@dataclass(frozen=True)
+class SecretServed:
+    """A file the recording holds masked, and what the replay gives the program instead:
+    the live file (``same``: whether it is the recorded one, by its digest) or, with no
+    live file at that path, the masked bytes."""
+
+    path: str
+    served: str  # "live" or "masked"
+    same: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "served": self.served, "same": self.same}
+
+    def line(self) -> str:
+        if self.served == "masked":
+            return (f"{self.path} was recorded with its secrets masked and is not in the "
+                    "live workspace: the replay read the masked copy")
+        return (f"{self.path} was recorded with its secrets masked; the replay read the live "
+                "one, which is not the file recorded")
+
+
 def prepare(manifest: Manifest, blobs: Any, rules: Mapping[str, IgnoreRules],
-            stage: Path, live: Sequence[str] = ()) -> list[WorkspaceMount]:
+            stage: Path, live: Sequence[str] = (),
+            secrets: list[SecretServed] | None = None) -> list[WorkspaceMount]:
     """Restore each root of ``manifest`` under ``stage`` and say how to mount it.
-    ``live``: paths the replay sees as they are now (the code of an edited command)."""
+    ``live``: paths the replay sees as they are now (the code of an edited command).
+    A file recorded masked (``secretfiles``) is served live where the path holds a file
+    now (it is not restored, so the live layer shows through), else masked; each is
+    noted in ``secrets``."""
     mounts: list[WorkspaceMount] = []
     live_real = [os.path.realpath(p) for p in live]
     for i, root in enumerate(manifest.roots):
         tree = manifest.trees.get(root, {})
+        served_live = _secrets_live(tree, root, secrets)
         rule = rules.get(root, IgnoreRules())
         keep_live = tuple(p for p in live_real if p.startswith(root.rstrip("/") + "/"))
         if keep_live:
@@ -134,9 +183,10 @@ def prepare(manifest: Manifest, blobs: Any, rules: Mapping[str, IgnoreRules],
         name = f"{i}-{os.path.basename(root) or 'root'}"
         if os.path.isdir(root) and not os.path.islink(root):
             lower = stage / f"ws{i}"
-            restore_tree(blobs, tree, lower)
+            shown = {k: e for k, e in tree.items() if k not in served_live}
+            restore_tree(blobs, shown, lower)
             binds = _whiteouts(tree, root, lower, rule)
-            apply_meta(tree, lower)  # the whiteouts touched the directories
+            apply_meta(shown, lower)  # the whiteouts touched the directories
             mounts.append(WorkspaceMount(root, (str(lower), root), name, tuple(binds)))
         else:
             anc = root
@@ -156,6 +206,29 @@ def prepare(manifest: Manifest, blobs: Any, rules: Mapping[str, IgnoreRules],
             _fix_parents(wrap, rel)
             mounts.append(WorkspaceMount(anc, (str(wrap), anc), name))
     return mounts
+
+
+def _secrets_live(tree: Tree, root: str, notes: list[SecretServed] | None) -> set[str]:
+    """The masked files of ``tree`` the replay serves live (a regular file is at the path
+    now: restore skips them and the live layer shows through); every masked file noted."""
+    live_ones: set[str] = set()
+    for rel, e in tree.items():
+        if e.secret is None or e.kind != "f":
+            continue
+        path = os.path.join(root, rel)
+        same = None
+        live = os.path.isfile(path) and not os.path.islink(path)
+        if live:
+            try:
+                with open(path, "rb") as f:
+                    same = e.secret.matches(f.read())
+            except OSError:
+                live = False
+        if live:
+            live_ones.add(rel)
+        if notes is not None:
+            notes.append(SecretServed(path, "live" if live else "masked", same))
+    return live_ones
 
 
 def _fix_parents(wrap: Path, rel: str) -> None:

@@ -83,6 +83,24 @@ class BlobStore:
             os.close(dfd)
         return ref
 
+    def put_new(self, data: bytes) -> tuple[BlobRef, bool]:
+        """Store ``data`` without a sync (call ``sync`` before anything names the blob);
+        return its reference and whether the store did not have it."""
+        sha = hashlib.sha256(data).hexdigest()
+        final = self.path_of(sha)
+        if final.exists() and final.stat().st_size == len(data):
+            return BlobRef(sha, len(data)), False
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".put.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "wb") as out:
+                out.write(data)
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return BlobRef(sha, len(data)), True
+
     def put_file(self, src: str | Path, *, sync: bool = True) -> tuple[BlobRef, bool]:
         """Store a file's bytes, read in pieces (a big file never sits in memory);
         return its reference and whether the store did not have it. With ``sync=False``

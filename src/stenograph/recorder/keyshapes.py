@@ -5,10 +5,18 @@ URL path, base64- or hex-encoded in a JSON body, or written in a file under an i
 name. So every request, response and snapshotted file is also searched for the formats
 providers give their keys. The rule set is a maintained one: the regex detectors of
 Yelp's ``detect-secrets`` (AWS, GitHub, GitLab, Slack, Stripe, OpenAI, JWT, Twilio,
-SendGrid, npm, PyPI, Discord, Telegram, Mailchimp, Artifactory, Azure, Square, IBM,
-Softlayer, Cloudant; its IP-address and basic-auth detectors are left out: an address is
-no secret, and URL passwords are redacted by name already), plus ``OURS`` below for
-shapes it does not know.
+SendGrid, npm, PyPI, Discord, Telegram, Mailchimp, Artifactory, Azure, Square, Softlayer,
+Cloudant), plus ``OURS`` below for shapes it does not know. Left out: its IP-address
+detector (an address is no secret), its basic-auth one (URL passwords are redacted by
+name already) and its keyword detectors (a name such as ``cloudant_password`` followed by
+a value: names are redacted by the name rules, and in files by the entropy rule of
+``secretfiles.py``; those regexes try every position of a text and cost 10 ms on a 50 KB
+chat request).
+
+A text is not searched whole: its token-like runs (letters, digits and ``_-.:/+=~@%``,
+16 characters or more) are cut out with a C-speed ``translate`` and ``split`` and only
+those are matched, raw and (for runs that are base64 or hex) decoded; PEM blocks, which
+span lines, are looked for directly.
 
 ``detect-secrets`` is imported only by the parent (``maintained``): the recorded program
 must not have ``requests`` and ``yaml`` imported into it. The patterns reach the hooks as
@@ -38,8 +46,9 @@ OURS: tuple[tuple[str, str], ...] = (
     ("Stripe key", r"(?:sk|rk|pk)_(?:test|live)_[0-9a-zA-Z]{24,}"),
     ("Slack token", r"xox[abposr]-[A-Za-z0-9-]{10,}"),
     ("JWT", r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{16,}"),
-    ("private key block", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
-                          r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"),
+    ("private key block", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----\s*"
+                          r"[A-Za-z0-9+/=:-]{16}[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY"
+                          r"(?: BLOCK)?-----"),
 )
 """Shapes ``detect-secrets`` 1.5 lacks or matches too narrowly: Anthropic keys; OpenAI keys
 without the ``T3BlbkFJ`` marker its rule needs; fine-grained GitHub tokens; Google and
@@ -48,6 +57,18 @@ its signature (its detector's match stops before it); and a private key's whole 
 (its detector matches only the ``BEGIN`` line)."""
 
 LEFT_OUT = frozenset({"IPPublicDetector", "BasicAuthDetector", "PrivateKeyDetector"})
+KEYWORD_FORMS = ("(?:(?<=\\W)|(?<=^))", "aws.{0,20}")
+"""How detect-secrets' keyword detectors begin (see the module docstring)."""
+MIN_TOKEN = 16
+"""Shortest run of token characters a key can be (AWS's ``AKIA`` + 16 is the shortest
+known shape)."""
+_TOKEN_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+                         b"_-.:/+=~@%")
+_TO_MARK = bytes(0x78 if c in _TOKEN_CHARS else 0x20 for c in range(256))
+_RUN = b"x" * MIN_TOKEN
+_PEM = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----\s*"
+                  rb"[A-Za-z0-9+/=:-]{16}[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
+"""A private key block with a body (a masked one, all ``*``, is not one)."""
 
 MIN_ENCODED = 24
 """Shortest base64 or hex run decoded to look for a key inside."""
@@ -104,7 +125,8 @@ def maintained() -> list[Shape]:
             if not issubclass(cls, RegexBasedDetector) or cls.__name__ in LEFT_OUT:
                 continue
             for rx in cls.denylist:
-                shapes.append(Shape(f"{cls.secret_type} (detect-secrets)", rx.pattern))
+                if not rx.pattern.startswith(KEYWORD_FORMS):
+                    shapes.append(Shape(f"{cls.secret_type} (detect-secrets)", rx.pattern))
     shapes += [Shape(n, p) for n, p in OURS]
     return shapes
 
@@ -115,11 +137,14 @@ class KeyShapes:
     def __init__(self, shapes: Iterable[Shape]) -> None:
         self.shapes = list(shapes)
         self._res: list[re.Pattern[bytes]] = []
+        self._needs: list[tuple[bytes, ...] | None] = []
         for s in self.shapes:
             try:
-                self._res.append(re.compile(s.pattern.encode()))
+                rx = re.compile(s.pattern.encode())
             except re.error:
                 continue  # a rule this Python cannot compile is skipped, not fatal
+            self._res.append(rx)
+            self._needs.append(required_literals(s.pattern))
 
     # -- files and bodies -----------------------------------------------------------------
 
@@ -156,27 +181,113 @@ class KeyShapes:
         (the decoded one for an encoded copy): learnt, every encoding of it is scrubbed
         (``interpose.redact.encodings``)."""
         raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
-        if not self._res or len(raw) < 8:
+        if not self._res or len(raw) < MIN_TOKEN:
             return []
-        out = list(self._raw(raw))
-        for run in _B64_RUN.findall(raw):
-            for dec in _b64_decodings(run):
-                out += self._raw(dec)
-        for run in _HEX_RUN.findall(raw):
-            try:
-                out += self._raw(binascii.unhexlify(run))
-            except (binascii.Error, ValueError):
+        tokens = _tokens(raw)
+        out = self._in_tokens(raw, tokens)
+        for tok in tokens:
+            if len(tok) < MIN_ENCODED:
                 continue
+            for dec in _decodings(tok):
+                out += self._in_tokens(dec, _tokens(dec))
         return sorted(set(out), key=len, reverse=True)
 
+    def found_raw(self, data: bytes) -> list[str]:
+        """The key shapes in ``data`` as it is (no decoding): what a file scan uses."""
+        if not self._res or len(data) < MIN_TOKEN:
+            return []
+        return sorted(set(self._in_tokens(data, _tokens(data))), key=len, reverse=True)
+
+    def _in_tokens(self, raw: bytes, tokens: list[bytes]) -> list[str]:
+        out = list(self._raw(b"\n".join(tokens))) if tokens else []
+        if b"-----BEGIN " in raw:
+            out += [m.group(0).decode("utf-8", "replace") for m in _PEM.finditer(raw)]
+        return out
+
     def _raw(self, raw: bytes) -> Iterator[str]:
-        for rx in self._res:
+        for rx, needs in zip(self._res, self._needs, strict=True):
+            if needs is not None and not any(lit in raw for lit in needs):
+                continue  # a literal every match holds is absent: no regex pass
             for m in rx.finditer(raw):
                 groups = [g for g in m.groups() if g] if rx.groups else []
                 best = max(groups, key=len) if groups else b""
                 secret = best if len(best) >= 8 else m.group(0)
                 if len(secret) >= 8:
                     yield secret.decode("utf-8", "replace")
+
+
+def required_literals(pattern: str) -> tuple[bytes, ...] | None:
+    """Literal strings one of which every match of ``pattern`` contains (a cheap
+    ``bytes in`` test before the regex runs over a whole file), or None if none is
+    known. Read off the parsed pattern: its first run of three or more literal
+    characters, or an alternation whose every branch starts with two or more."""
+    try:
+        import re._parser as sre_parse  # type: ignore[import-not-found]
+        from re._constants import BRANCH, IN, LITERAL, SUBPATTERN  # type: ignore
+    except ImportError:
+        return None
+    try:
+        tree = sre_parse.parse(pattern)
+    except re.error:
+        return None
+
+    def run_of(items: list[tuple[object, object]]) -> bytes:
+        out = bytearray()
+        for op, av in items:
+            if op is not LITERAL or not isinstance(av, int) or av > 127:
+                break
+            out.append(av)
+        return bytes(out)
+
+    items = list(tree)
+    for i in range(len(items)):
+        lit = run_of(items[i:])
+        if len(lit) >= 3:
+            return (lit,)
+        op, av = items[i]
+        if op is SUBPATTERN and isinstance(av, tuple):
+            inner = list(av[-1])
+            if len(inner) == 1 and inner[0][0] is BRANCH:
+                branches = [run_of(list(b)) for b in inner[0][1][1]]
+                if all(len(b) >= 2 for b in branches):
+                    return tuple(branches)
+        if op is BRANCH:
+            branches = [run_of(list(b)) for b in av[1]]  # type: ignore[index]
+            if all(len(b) >= 2 for b in branches):
+                return tuple(branches)
+        if op is not IN and op is not LITERAL:
+            continue
+    return None
+
+
+def _tokens(raw: bytes) -> list[bytes]:
+    """The runs of token characters long enough to be a key (``MIN_TOKEN``): every byte
+    mapped to ``x`` (token) or a space, then ``bytes.find`` (memmem) for a run of ``x``
+    -- the cost is one pass in C however many short words the text has."""
+    marked = raw.translate(_TO_MARK)
+    out: list[bytes] = []
+    at = marked.find(_RUN)
+    while at >= 0:
+        end = marked.find(b" ", at + MIN_TOKEN)
+        if end < 0:
+            end = len(marked)
+        out.append(raw[at:end])
+        at = marked.find(_RUN, end)
+    return out
+
+
+def _decodings(tok: bytes) -> Iterator[bytes]:
+    """A token decoded as hex, or as base64 (standard or URL-safe), if it is one."""
+    if _HEX_RUN.fullmatch(tok):
+        try:
+            decoded = binascii.unhexlify(tok)
+        except (binascii.Error, ValueError):
+            return
+        yield decoded
+        return
+    m = _B64_RUN.search(tok)
+    if m is not None:
+        yield from _b64_decodings(m.group(0))
 
 
 def _b64_decodings(run: bytes) -> Iterator[bytes]:

@@ -14,8 +14,11 @@ A manifest is itself a blob (msgpack), in one of two forms (docs/log-format.md):
 
 with an entry ``[path, kind, mode, mtime_ns, size, file blob ref | link target | nil]``
 (``path`` relative to its root, ``""`` for the root itself; ``kind`` ``"f"``, ``"d"``
-or ``"l"``). A delta names only what changed since its base, so a checkpoint writes about
-what the turn changed; a chain longer than ``MAX_DEPTH`` is cut by writing a full one.
+or ``"l"``), and since version 2 a seventh element for a file whose secrets were masked
+before it was stored (``secretfiles.Secret``: why, how many, a salted digest of the real
+bytes). Version 1 manifests are read as they are. A delta names only what changed since
+its base, so a checkpoint writes about what the turn changed; a chain longer than
+``MAX_DEPTH`` is cut by writing a full one.
 
 ``Snapshotter`` takes snapshots incrementally: a file whose size, mtime and inode are
 what they were at the last snapshot is not read again. Its blobs are written without a
@@ -40,8 +43,10 @@ import msgpack
 
 from stenograph.recorder.blobs import BlobRef, BlobStore, blob_refs
 from stenograph.recorder.errors import BadInput, CorruptLog
+from stenograph.recorder.secretfiles import SCAN_MAX, Secret, SecretRules
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+READABLE_VERSIONS = frozenset({1, 2})
 MAX_DEPTH = 16
 """Deltas on deltas beyond this many: the next snapshot is written in full."""
 
@@ -68,6 +73,8 @@ class Entry:
     size: int = 0
     sha256: str = ""
     target: str = ""
+    secret: Secret | None = None
+    """Set when the stored bytes are the file's with its secrets masked."""
 
     def to_wire(self) -> list[Any]:
         extra: Any = None
@@ -75,21 +82,23 @@ class Entry:
             extra = BlobRef(self.sha256, self.size).to_body()
         elif self.kind == "l":
             extra = self.target
-        return [self.path, self.kind, self.mode, self.mtime_ns, self.size, extra]
+        w = [self.path, self.kind, self.mode, self.mtime_ns, self.size, extra]
+        return [*w, self.secret.to_wire()] if self.secret is not None else w
 
     @classmethod
     def from_wire(cls, w: Any) -> Entry:
-        if not (isinstance(w, list) and len(w) == 6 and isinstance(w[0], str)
+        if not (isinstance(w, list) and len(w) in (6, 7) and isinstance(w[0], str)
                 and w[1] in ("f", "d", "l") and isinstance(w[2], int)
                 and isinstance(w[3], int) and isinstance(w[4], int)):
             raise CorruptLog(f"bad manifest entry {str(w)[:80]}", "manifest", 0)
-        path, kind, mode, mtime, _size, extra = w
+        path, kind, mode, mtime, _size, extra = w[:6]
         _check_rel(path)
         if kind == "f":
             ref = BlobRef.from_body(extra) if isinstance(extra, dict) else None
             if ref is None:
                 raise CorruptLog(f"file entry {path!r} without a blob", "manifest", 0)
-            return cls(path, kind, mode, mtime, ref.size, ref.sha256)
+            secret = Secret.from_wire(w[6]) if len(w) == 7 else None
+            return cls(path, kind, mode, mtime, ref.size, ref.sha256, "", secret)
         if kind == "l":
             if not isinstance(extra, str):
                 raise CorruptLog(f"link entry {path!r} without a target", "manifest", 0)
@@ -138,7 +147,8 @@ class IgnoreRules:
         except OSError:
             return self
         extra = tuple(ln.strip() for ln in text.splitlines()
-                      if ln.strip() and not ln.lstrip().startswith("#"))
+                      if ln.strip() and not ln.lstrip().startswith(("#", "secret:",
+                                                                   "!secret:")))
         return IgnoreRules(self.patterns + extra, self.exclude)
 
     def ignored(self, rel: str, is_dir: bool) -> bool:
@@ -275,6 +285,9 @@ class Snapshotter:
     read_from: Callable[[str], str] | None = None
     """Where each root's files are read (a sealed run's view of it, through its
     namespace's ``/proc/<pid>/root``); the manifest still names the root itself."""
+    secrets: SecretRules | None = None
+    """Secret files and key shapes masked before anything is stored (``secretfiles``);
+    None: files are stored as they are."""
     _seen: dict[str, dict[str, _Seen]] = field(default_factory=dict)
     _last: BlobRef | None = None
     _depth: int = 0
@@ -289,6 +302,8 @@ class Snapshotter:
             src = self.read_from(root) if self.read_from is not None else root
             rules = (self.rules.with_file(src) if isinstance(self.rules, IgnoreRules)
                      else self.rules.get(root, IgnoreRules()))
+            self._root_secrets = (self.secrets.with_file(src) if self.secrets is not None
+                                  else None)
             known = self._seen.get(root, {})
             stats, sk = scan(src, rules, self.limits)
             skipped += sk
@@ -320,6 +335,10 @@ class Snapshotter:
 
     def __post_init__(self) -> None:
         self._prev_manifest: Manifest | None = None
+        self._root_secrets: SecretRules | None = None
+        self.redacted: list[tuple[str, Secret]] = []
+        """Files stored masked so far (relative path, what was masked): the run's
+        summary counts them."""
 
     def _entry(self, root: str, rel: str, st: os.stat_result, prev: _Seen | None
                ) -> tuple[Entry, bool] | None:
@@ -335,8 +354,20 @@ class Snapshotter:
                 return None
         if (prev is not None and prev.entry.kind == "f" and prev.ino == st.st_ino
                 and prev.entry.size == st.st_size and prev.entry.mtime_ns == st.st_mtime_ns):
-            return Entry(rel, "f", mode, st.st_mtime_ns, st.st_size, prev.entry.sha256), False
+            return Entry(rel, "f", mode, st.st_mtime_ns, st.st_size, prev.entry.sha256, "",
+                         prev.entry.secret), False
+        secrets = self._root_secrets
         try:
+            if secrets is not None and st.st_size <= SCAN_MAX:
+                with open(path, "rb") as f:
+                    data = f.read(SCAN_MAX + 1)
+                masked = secrets.redact(rel, data)
+                body, secret = masked if masked is not None else (data, None)
+                ref, new = self.blobs.put_new(body)
+                if secret is not None:
+                    self.redacted.append((rel, secret))
+                return Entry(rel, "f", mode, st.st_mtime_ns, ref.size, ref.sha256, "",
+                             secret), new
             ref, new = self.blobs.put_file(path, sync=False)
         except (FileNotFoundError, IsADirectoryError, PermissionError):
             return None  # gone (or unreadable) while we looked
@@ -384,7 +415,7 @@ def unpack_manifest(data: bytes) -> dict[str, Any]:
     except Exception as exc:
         raise CorruptLog(f"manifest does not decode: {type(exc).__name__}", "manifest", 0
                          ) from None
-    if not isinstance(obj, dict) or obj.get("v") != MANIFEST_VERSION \
+    if not isinstance(obj, dict) or obj.get("v") not in READABLE_VERSIONS \
             or obj.get("kind") not in ("full", "delta"):
         raise CorruptLog("not a snapshot manifest", "manifest", 0)
     roots = obj.get("roots")

@@ -390,13 +390,22 @@ def stream_name(thread: int, channel: int) -> str:
     return f"{thread}.{CHANNELS[channel]}"
 
 
+DROPPED_SINCE: dict[int, frozenset[tuple[int, int]]] = {2: frozenset({(4, 1)})}
+"""Records an older protocol's tape has that this one neither makes nor serves, by the
+protocol that made them: (channel, op). Protocol 2 taped every ``getpid``; since 3 a
+process's pid is served from the procinfo record it starts with."""
+
+
 def prepare_tape(events: Iterable[Event], tape_dir: str | Path, *,
-                 killed: int | None = None) -> TapeSummary:
+                 killed: int | None = None, protocol: int | None = None) -> TapeSummary:
     """Write ``tape_dir/<proc>/<thread>.<channel>`` from the ``TapeChunk`` events.
 
     ``killed``: the signal that ended the recorded run from outside (its exit status was
     ``-killed``); written to ``tape_dir/killed``, where a process whose tape ends without
-    an exit record finds it and ends the same way at that point (shim ``await_kill``)."""
+    an exit record finds it and ends the same way at that point (shim ``await_kill``).
+    ``protocol``: the one the tape was recorded with, when older than this shim's: the
+    records it no longer serves are left out (``DROPPED_SINCE``)."""
+    dropped = DROPPED_SINCE.get(protocol, frozenset()) if protocol is not None else frozenset()
     root = Path(tape_dir)
     root.mkdir(parents=True, exist_ok=True)
     streams: dict[tuple[str, int, int], list[bytes]] = {}
@@ -418,7 +427,8 @@ def prepare_tape(events: Iterable[Event], tape_dir: str | Path, *,
                 if (ch, op) == (4, 13):  # the process ended through exit: TAPE/<proc>/exited
                     exited.add(proc)  # type: ignore[arg-type]
                 n = RECORD.size + len(payload)
-                streams.setdefault((proc, thread, ch), []).append(data[off:off + n])  # type: ignore[arg-type]
+                if (ch, op) not in dropped:
+                    streams.setdefault((proc, thread, ch), []).append(data[off:off + n])  # type: ignore[arg-type]
                 off += n
                 summary.records += 1
         except ValueError as exc:
