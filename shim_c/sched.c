@@ -47,6 +47,8 @@ typedef struct {
     tls_t *holder;    /* the holding thread's state (record: stall checks) */
     int dying;        /* kernel tid of a thread that ended holding the baton */
     int64_t stall_ns;
+    uint32_t promised[8]; /* resume: grants the prefix gave threads that had not taken them
+                           * when the process went live (grant + 1; 0 = free slot) */
 } sched_t;
 
 static sched_t S = {.stall_ns = 2000000000LL};
@@ -154,6 +156,28 @@ static void note_stall(tls_t *t, uint32_t grant, int holder) {
     RS1(SYS_close, fd);
 }
 
+/* A grant the recorded prefix of a resume gave a thread that was still waiting for it
+ * when the process went live: the tape already says that thread takes it, so no other
+ * thread may (take_replay goes on waiting for it). */
+static int promised_to_other(uint32_t grant, tls_t *t) {
+    for (int i = 0; i < 8; i++) {
+        uint32_t p = __atomic_load_n(&S.promised[i], __ATOMIC_ACQUIRE);
+        if (p == grant + 1 && t->promised != grant + 1) return 1;
+    }
+    return 0;
+}
+
+static void promise(tls_t *t, uint32_t grant, int on) {
+    for (int i = 0; i < 8; i++) {
+        uint32_t want = on ? 0 : grant + 1;
+        if (__atomic_compare_exchange_n(&S.promised[i], &want, on ? grant + 1 : 0, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            t->promised = on ? grant + 1 : 0;
+            return;
+        }
+    }
+}
+
 /* Record: take the baton (whoever asks first), breaking a stall; return the grant
  * number, or -1 once the schedule is broken (the caller then runs unscheduled). */
 static int64_t take_record(tls_t *t, int op) {
@@ -161,7 +185,7 @@ static int64_t take_record(tls_t *t, int op) {
     for (;;) {
         uint64_t st = __atomic_load_n(&S.state, __ATOMIC_ACQUIRE);
         if (S.broken) return -1;
-        if ((uint32_t)st == 0) {
+        if ((uint32_t)st == 0 && !promised_to_other((uint32_t)(st >> 32), t)) {
             uint64_t nst = (((st >> 32) + 1) << 32) | (t->tindex + 1);
             if (__atomic_compare_exchange_n(&S.state, &st, nst, 0, __ATOMIC_ACQ_REL,
                                             __ATOMIC_ACQUIRE)) {
@@ -206,7 +230,9 @@ static int64_t take_record(tls_t *t, int op) {
 #define SCHED_WENT_LIVE (INT32_MIN + 1)
 
 /* Replay: take the baton at this thread's next recorded grant, which must be for `op`;
- * return the recorded outcome. */
+ * return the recorded outcome. A resume that goes live while this thread waits for a
+ * grant it was served still gives it that grant (the tape has it): the grant is promised
+ * to it, live threads take the others. */
 static int32_t take_replay(tls_t *t, int op) {
     uint32_t n;
     const unsigned char *p = serve(t, CH_SCHED, op, NULL, 0, &n);
@@ -224,13 +250,17 @@ static int32_t take_replay(tls_t *t, int op) {
     for (;;) {
         uint64_t st = __atomic_load_n(&S.state, __ATOMIC_ACQUIRE);
         if (S.broken) return r.result;
-        if (UNLIKELY(WENT_LIVE())) return SCHED_WENT_LIVE;
+        if (UNLIKELY(WENT_LIVE()) && !t->promised) {
+            if ((uint32_t)(st >> 32) > r.grant) return SCHED_WENT_LIVE; /* cannot be kept */
+            promise(t, r.grant, 1);
+        }
         if ((uint32_t)st == 0 && (uint32_t)(st >> 32) == r.grant) {
             uint64_t nst = ((uint64_t)(r.grant + 1) << 32) | (t->tindex + 1);
             if (__atomic_compare_exchange_n(&S.state, &st, nst, 0, __ATOMIC_ACQ_REL,
                                             __ATOMIC_ACQUIRE)) {
                 t->holding = 1;
                 S.holder = t;
+                if (t->promised) promise(t, r.grant, 0);
                 reap_dying();
                 return r.result;
             }

@@ -198,6 +198,8 @@ typedef struct {
     int gate_next; /* the next wait is scheduled though paused (steno_gate_next) */
     uint16_t site;     /* the wrapper's caller (CALL_SITE), taken by the next rec2/serve */
     int live_deadline; /* the last clock read was a live bookkeeping read (clock.c) */
+    uint32_t promised; /* resume: the grant (+1) this thread was served and waits for as the
+                        * process goes live (sched.c promise) */
     int counted;       /* a thread counted in g_live_threads (threads.c) */
     uint32_t tindex;
     ring_t *tb; /* record: this thread's ring (ring.c) */

@@ -131,6 +131,29 @@ def test_overlapping_async_tools_keep_their_calls_to_themselves(tmp_path: Path) 
         assert rp.returncode == 0, rp.stderr
 
 
+CLOSED_BY_WITH = """
+import asyncio, datetime, sys, httpx
+async def main():
+    async with httpx.AsyncClient() as c:
+        r = await c.get(sys.argv[1] + "/servers", params={"name": "x"})
+    print(datetime.datetime.now().year, r.json())
+asyncio.run(main())
+"""
+
+
+def test_a_client_closed_by_async_with_replays(tmp_path: Path) -> None:
+    """``async with httpx.AsyncClient()`` closes its pool through the transport's
+    ``__aexit__``, not ``aclose``: the close's waits were not on the tape, and the next
+    clock read came one loop iteration early at replay."""
+    with EffectService() as svc:
+        rec = _record(tmp_path, CLOSED_BY_WITH, svc)
+        assert rec.returncode == 0, rec.stderr
+    for _ in range(2):
+        rp = subprocess.run([*CLI, "replay", str(tmp_path / "t.steno")], capture_output=True,
+                            text=True, env=_env(), timeout=120)
+        assert rp.returncode == 0, rp.stderr
+
+
 PARTIAL = """
 import sys, requests, stenograph
 base = sys.argv[1]

@@ -94,7 +94,7 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 def trial(tmp: Path, pays: list[Pay], provision_at: int, kills: list[tuple[str, Any] | None],
-          deny: set[int]) -> dict[str, Any]:
+          deny: set[int], **agent_env: str) -> dict[str, Any]:
     """Record the agent (``pays`` and one provisioning, in that script) killed at
     ``kills[0]``, resume killed at ``kills[1]``..., deny the approvals of the payments at
     the indices in ``deny`` and approve the rest, resume until the run ends; check the
@@ -106,7 +106,7 @@ def trial(tmp: Path, pays: list[Pay], provision_at: int, kills: list[tuple[str, 
     asked: list[str] = []
     with ModelServer(script=_script(_turns(pays, provision_at))) as model, \
             service(current) as svc:
-        env = _env(model)
+        env = _env(model, **agent_env)
         for i in range(len(kills) + 12):
             run = Run(kills[i] if i < len(kills) else None)
             state = _status(store) if i else None
@@ -157,6 +157,12 @@ def trial(tmp: Path, pays: list[Pay], provision_at: int, kills: list[tuple[str, 
         final = _status(store)
         assert final is not None and final["state"] == "ended"
         assert all(e["state"] == "settled" for e in final["effects"]), final["effects"]
+        # the whole run -- the recording and each resume's continuation -- is one tape
+        whole = tmp / "whole.steno"
+        assert _cli("log", "export", str(store), "t", "-o", str(whole),
+                    env=env).returncode == 0
+        again = _cli("replay", str(whole), env=env)
+        assert again.returncode == 0, again.stderr[-3000:]
         return {"runs": len(runs), "asked": asked}
 
 
@@ -195,6 +201,16 @@ def test_the_agent_crashed_at_every_effect_boundary_resumes_each_effect_once(
     for i, b in enumerate(picked):
         seen.append(trial(tmp_path / f"b{i}", PAYS, 2, [b], set()))
     assert all(s["asked"] == ["pay 606 to acct-F"] for s in seen), seen
+
+
+def test_an_async_agent_with_sync_tools_crashed_twice_resumes_and_replays_whole(
+        tmp_path: Path) -> None:
+    """``AsyncOpenAI`` in ``asyncio.run``, the tools synchronous: killed in the record and
+    again in the first resume. Each resume went live with the loop's tasks taken for
+    plumbing (their steps ran untaped), so a second resume never got past its prefix and
+    the finished run did not replay."""
+    trial(tmp_path / "async", PAYS[:4], 2, [("dispatch", 1), ("dispatch", 3)], set(),
+          ASYNC="1")
 
 
 def test_approve_then_resume_makes_the_approved_payment_once_with_its_own_key(

@@ -171,8 +171,12 @@ _value = st.text(st.characters(min_codepoint=33, max_codepoint=126, blacklist_ch
 def test_a_secret_file_keeps_names_and_length_and_loses_every_value(
         pairs: list[tuple[str, str]]) -> None:
     text = "".join(f"{k}={v}\n" for k, v in pairs).encode()
-    masked, hits = mask_file(text)
+    m = mask_file(text)
+    masked, hits = m.data, m.hits
     assert len(masked) == len(text) and hits == len(pairs)
+    worth = [v.strip("\"' ,") for _k, v in pairs]  # what a masked value can be
+    learnt = " ".join(m.values)
+    assert all(w in learnt for w in worth if any(c.isalnum() for c in w)), (worth, m.values)
     for (k, v), line in zip(pairs, masked.splitlines(), strict=True):
         assert line.startswith(f"{k}=".encode())
         assert len(line) == len(k) + 1 + len(v)
@@ -190,7 +194,9 @@ def test_a_key_anywhere_in_a_text_file_is_masked_and_nothing_else_moves(
         before: str, key: str, after: str) -> None:
     data = f"{before} {key} {after}".encode()
     shapes = KeyShapes(maintained())
-    masked, hits = mask_values(data, shapes)
+    m = mask_values(data, shapes)
+    masked, hits = m.data, m.hits
+    assert key in m.values
     assert hits >= 1 and key.encode() not in masked and len(masked) == len(data)
     assert masked[:len(before)] == before.encode()
 
@@ -201,3 +207,34 @@ def test_binary_and_clean_files_are_stored_as_they_are() -> None:
     assert rules.redact("a.py", b"token_count = 5\nmax_tokens = 100000\n") is None
     red = rules.redact("id_ed25519.pub", b"ssh-ed25519 AAAAC3Nza... me@host\n")
     assert red is None  # a public key is not a secret file
+
+
+def test_a_tool_that_sends_a_secret_file_to_a_server_leaves_no_value_in_the_log(
+        tmp_path: Path) -> None:
+    """What the snapshot masked, the hooks learn: a tool that reads .env and creds.json
+    and posts them (to a server that echoes them back) leaves none of their values in the
+    recording, request or response, and the replay -- which learns the live files'
+    values the same way, so its request matches -- is bit for bit. (The echoed response
+    is served scrubbed: a program printing it would print ``<redacted>``, as with any
+    secret a server echoes.)"""
+    from stenograph.testing.model_server import ModelServer
+
+    root = tmp_path / "project"
+    root.mkdir()
+    _project(root)
+    (root / "tool.py").write_text(
+        "import sys, requests\n"
+        "body = open('.env').read() + open('creds.json').read()\n"
+        "r = requests.post(sys.argv[1] + '/echo', data=body.encode())\n"
+        "print(r.status_code)\n")
+    with ModelServer() as srv:
+        rec = _cli("record", "--store", str(tmp_path / "s"), "-o", str(tmp_path / "t.steno"),
+                   "--", sys.executable, "tool.py", srv.url, cwd=root)
+        assert rec.returncode == 0, rec.stderr
+    for name in ("stripe", "db", "aws"):
+        for where in (tmp_path / "t.steno", tmp_path / "s"):
+            p = _cli("log", "scan", str(where), "--secret", VALUES[name], cwd=root)
+            assert p.returncode == 0, f"{name} in {where}: {p.stdout}"
+    rep = _cli("replay", str(tmp_path / "t.steno"), cwd=root)
+    assert rep.returncode == 0, rep.stderr
+    assert rep.stdout == rec.stdout

@@ -43,14 +43,20 @@ from stenograph.harness.source import open_recording
 from stenograph.interpose import resume_plan
 from stenograph.interpose.launch import Seal, run_under_shim
 from stenograph.interpose.shim import PROTOCOL, readable
+from stenograph.interpose.workspace import (
+    SecretServed,
+    recorded_rules,
+    recorded_secrets,
+    start_snapshot,
+)
 from stenograph.interpose.workspace import prepare as prepare_workspace
-from stenograph.interpose.workspace import recorded_rules, start_snapshot
 from stenograph.recorder import keyshapes
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import BadInput, ReplayDiverged
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
 from stenograph.recorder.reader import StoreReader
+from stenograph.recorder.secretfiles import write_values
 from stenograph.recorder.snapshots import MapBlobs, load_manifest
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import RecordSession, prepare_tape, read_divergences
@@ -206,8 +212,12 @@ def _run(rec: Any, fp: forking.ForkPlan, extra: list[dict[str, Any]], out: Path,
                     live = [a for a in argv if os.path.exists(a)] + buildreplay.code_paths(
                         {r: manifest.trees.get(r, {}) for r in manifest.roots},
                         recorded_rules(started), buildreplay.CODE_GLOBS)
+                served: list[SecretServed] = []
                 mounts = prepare_workspace(manifest, mb, recorded_rules(started),
-                                           tape / "ws", live=live)
+                                           tape / "ws", live=live, secrets=served,
+                                           secret_rules=recorded_secrets(
+                                               started, keyshapes.for_run(started)))
+                write_values({v for n in served for v in n.values}, tape)
             session = RecordSession(s, traj, sock_dir / "tape.sock")
             exchanges = ExchangeServer(s, traj, sock_dir / "py.sock",
                                        before_append=session.drain_all)

@@ -69,6 +69,7 @@ from stenograph.recorder.errors import (
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.resumes import ResumePlan, plan, settled_entry
+from stenograph.recorder.secretfiles import write_values
 from stenograph.recorder.snapshots import Cadence, Limits, Snapshotter, load_manifest
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import RecordSession, prepare_tape, read_divergences
@@ -381,7 +382,9 @@ def _seal_workspace(s: Store, store: Path, traj: str, rp: ResumePlan, tape: Path
     roots = [r for r in rules if os.path.isdir(r)]
     limits = Limits(files=1 << 40, bytes=1 << 62)
     secrets = recorded_secrets(rp.started, keyshapes.for_run(rp.started))
-    before = Snapshotter(blobs, roots, rules, limits, secrets=secrets).take()
+    pre = Snapshotter(blobs, roots, rules, limits, secrets=secrets)
+    before = pre.take()
+    write_values(pre.secret_values, tape)  # the live files' secrets: the hooks learn them
     s.append(traj, "Checkpoint", {
         "at": "pre-resume", "turn": rp.state.turns, "covers_lsn": s.synced_lsn,
         "snapshot": before.ref.to_body(), "files": before.files,

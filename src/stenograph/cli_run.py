@@ -51,6 +51,7 @@ from stenograph.interpose.workspace import (
     WorkspaceMount,
     WorkspacePlan,
     recorded_rules,
+    recorded_secrets,
     start_snapshot,
 )
 from stenograph.interpose.workspace import plan as plan_workspace
@@ -73,6 +74,7 @@ from stenograph.recorder.errors import (
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
 from stenograph.recorder.keyshapes import KeyShapes
 from stenograph.recorder.resumes import view
+from stenograph.recorder.secretfiles import write_values
 from stenograph.recorder.snapshots import Cadence, MapBlobs, Snapshotter, load_manifest
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import (
@@ -504,6 +506,7 @@ def _record_leased(store_path: Path, traj: str, argv: list[str], env: dict[str, 
                                          ws.limits, secrets=ws.secrets), cadence or Cadence())
             checkpoints.start(first)
             ran["checkpoints"] = checkpoints
+            write_values(checkpoints.snap.secret_values, tmp)  # for the hooks to learn
         session = RecordSession(store, traj, Path(tmp) / "tape.sock")
         exchanges = ExchangeServer(store, traj, Path(tmp) / "py.sock",
                                    after_model=checkpoints.model_turn if checkpoints else None,
@@ -744,7 +747,10 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
                     recorded_rules(started), code_globs or buildreplay.CODE_GLOBS)
             mounts = prepare_workspace(manifest, blob_map, recorded_rules(started),
                                        tape / "ws", live=[*live, *named],
-                                       secrets=secret_files)
+                                       secrets=secret_files,
+                                       secret_rules=recorded_secrets(
+                                           started, keyshapes.for_run(started)))
+            write_values({v for n in secret_files for v in n.values}, tape)
         sealed_cwd = cwd if isinstance(cwd, str) and mounts else None
         if not isinstance(cwd, str) or not os.path.isdir(cwd):
             cwd = None
@@ -773,7 +779,7 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
                 "records it no longer serves left out)")
         if secret_files:
             report["secret_files"] = [n.to_json() for n in secret_files]
-    finally:
+    finally:  # (the values the hooks learnt go with the tape)
         if not keep_tape:
             shutil.rmtree(tape, ignore_errors=True)
         if keep_writes is not None:  # overlayfs's work directories: nothing to keep
@@ -922,13 +928,13 @@ def _print_report(report: dict[str, Any], as_json: bool) -> None:
             click.echo(f"  before:   {line}", err=err)
         for line in d.get("python_stack", []):
             click.echo(f"  where:    {line}", err=err)
+    if report["divergences"] or not all(report["identical"].values()):
+        for n in report.get("secret_files", []):  # a masked secret file may be why
+            if n["served"] == "masked" or n["same"] is False:
+                click.echo(f"stenograph: note: {SecretServed(**n).line()}", err=err)
     if not report["divergences"]:
         same = report["identical"]
         verdict = "bit-identical" if all(same.values()) else "DIFFERENT"
-        if not all(same.values()):  # a masked secret file may be why: name it
-            for n in report.get("secret_files", []):
-                if n["served"] == "masked" or n["same"] is False:
-                    click.echo(f"stenograph: note: {SecretServed(**n).line()}", err=err)
         if report.get("killed") and all(same.values()):
             verdict += f" up to the kill (signal {report['killed']['signal']})"
             past = report["killed"]["after_kill_bytes"]

@@ -6,7 +6,9 @@ finds by itself), held for a person above ``APPROVE_ABOVE`` (``stenograph.approv
 and sent with the program's own ``Idempotency-Key`` for one payee. ``provision`` is a
 declared effect tool whose body is itself an HTTP call, with a read probe. With
 ``LEDGER`` set, each payment is also appended to that file (a file the run writes);
-``APPROVE_WITHIN`` gives approvals that many seconds before they expire.
+``APPROVE_WITHIN`` gives approvals that many seconds before they expire. With
+``ASYNC=1`` the model is called through ``AsyncOpenAI`` in ``asyncio.run`` and the tools
+stay synchronous (a common shape: a sync tool called from an async loop).
 
     python payments_agent.py EFFECT_URL
 """
@@ -19,7 +21,7 @@ import sys
 from typing import Any
 
 import requests
-from openai import OpenAI
+from openai import AsyncOpenAI, OpenAI
 
 import stenograph
 
@@ -68,6 +70,15 @@ def provision(name: str) -> Any:
     return requests.post(f"{BASE}/servers", json={"name": name}).json()
 
 
+def _run_tools(msg: Any, messages: list[dict[str, Any]]) -> None:
+    messages.append(msg.model_dump(exclude_none=True))
+    for call in msg.tool_calls:
+        args = json.loads(call.function.arguments)
+        out = pay(**args) if call.function.name == "pay" else json.dumps(provision(**args))
+        print(call.function.name, json.dumps(args, sort_keys=True), "->", out, flush=True)
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": out})
+
+
 def main() -> int:
     client = OpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key="test-key")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "settle the invoices"}]
@@ -77,14 +88,26 @@ def main() -> int:
         if not msg.tool_calls:
             print("done:", msg.content, flush=True)
             return 0
-        messages.append(msg.model_dump(exclude_none=True))
-        for call in msg.tool_calls:
-            args = json.loads(call.function.arguments)
-            out = pay(**args) if call.function.name == "pay" else json.dumps(provision(**args))
-            print(call.function.name, json.dumps(args, sort_keys=True), "->", out, flush=True)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": out})
+        _run_tools(msg, messages)
+    return 1
+
+
+async def amain() -> int:
+    client = AsyncOpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key="test-key")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "settle the invoices"}]
+    for _ in range(40):
+        msg = (await client.chat.completions.create(model="steno-pay", messages=messages,
+                                                    tools=TOOLS)).choices[0].message
+        if not msg.tool_calls:
+            print("done:", msg.content, flush=True)
+            return 0
+        _run_tools(msg, messages)
     return 1
 
 
 if __name__ == "__main__":
+    if os.environ.get("ASYNC") == "1":
+        import asyncio
+
+        sys.exit(asyncio.run(amain()))
     sys.exit(main())

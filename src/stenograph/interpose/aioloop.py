@@ -122,6 +122,9 @@ class LoopTape:
         self.pending: list[tuple[tuple[int, int], int, asyncio.Future[None]]] = []  # a heap
         self.cancels: set[int] = set()  # futures replay cancels itself (ids)
         self.self_writes = [0, 0]  # program, plumbing writes to the self-pipe since a tick
+        self.adopt = tape.mode == "replay"
+        """A resume's loop: when it goes live, every task it has is the program's (its
+        prefix was replayed: no hooked call really ran, so none of them is plumbing)."""
 
     @property
     def record(self) -> bool:
@@ -133,6 +136,9 @@ class LoopTape:
 
     def plumbing(self, callback: Any) -> bool:
         """Is a callback being scheduled now plumbing (see the module docstring)?"""
+        if self.adopt:  # the first scheduling since a resume went live
+            self.adopt = False
+            self.prog_tasks.update(asyncio.all_tasks(self.loop))
         owner = getattr(callback, "__self__", None)
         if isinstance(owner, asyncio.Future):  # a task's step or wake-up: the task's side
             if owner in self.plumb_tasks:

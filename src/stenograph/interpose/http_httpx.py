@@ -213,9 +213,26 @@ def install(mod: ModuleType) -> None:
             return await orig_aclose(self)
         await seam.apassthrough(tape, orig_aclose(self), "httpx transport close")
 
+    orig_exit, orig_aexit = sync_t.__exit__, async_t.__aexit__
+
+    def __exit__(self: Any, *exc: Any) -> None:
+        # ``with httpx.Client()`` closes the pool here, not through close()
+        tape = current()
+        if tape is None:
+            return orig_exit(self, *exc)
+        return seam.passthrough(tape, orig_exit, self, *exc)
+
+    async def __aexit__(self: Any, *exc: Any) -> None:
+        tape = current()
+        if tape is None:
+            return await orig_aexit(self, *exc)
+        await seam.apassthrough(tape, orig_aexit(self, *exc), "httpx transport close")
+
     handle_request._stenograph = True  # type: ignore[attr-defined]
     handle_async_request._stenograph = True  # type: ignore[attr-defined]
     sync_t.handle_request = handle_request
     async_t.handle_async_request = handle_async_request
     sync_t.close = close
     async_t.aclose = aclose
+    sync_t.__exit__ = __exit__
+    async_t.__aexit__ = __aexit__

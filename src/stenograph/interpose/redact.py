@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
 
 from stenograph.recorder.keyshapes import KeyShapes, hook_path
+from stenograph.recorder.secretfiles import read_values
 
 REDACTED = "<redacted>"
 
@@ -150,6 +151,10 @@ class RedactionRules:
             shapes=shapes if shapes is not None else KeyShapes.read(
                 hook_path(_getenv("STENO_TAPE"), _getenv("STENO_PYSOCK"))),
         )
+        if shapes is None:  # in a run: what the workspace's files hold is secret too
+            where = hook_path(_getenv("STENO_TAPE"), _getenv("STENO_PYSOCK"))
+            for v in read_values(os.path.dirname(where) if where else None):
+                rules.learn(v)
         for k, v in (os.environ if environ is None else environ).items():
             if not k.startswith("STENO_"):
                 rules.env_value(k, v)

@@ -30,7 +30,13 @@ from typing import Any
 from stenograph.recorder.blobs import BlobRef
 from stenograph.recorder.errors import BadInput
 from stenograph.recorder.keyshapes import KeyShapes
-from stenograph.recorder.secretfiles import NOT_SECRET, SECRET_FILES, SecretRules
+from stenograph.recorder.secretfiles import (
+    NOT_SECRET,
+    SECRET_FILES,
+    SecretRules,
+    mask_file,
+    mask_values,
+)
 from stenograph.recorder.snapshots import (
     DEFAULT_IGNORE,
     IgnoreRules,
@@ -148,6 +154,9 @@ class SecretServed:
     path: str
     served: str  # "live" or "masked"
     same: bool | None
+    values: tuple[str, ...] = ()
+    """The live file's secrets (served live): the hooks learn them, so the program's
+    requests are redacted as the recording's were (never written anywhere else)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "served": self.served, "same": self.same}
@@ -162,7 +171,8 @@ class SecretServed:
 
 def prepare(manifest: Manifest, blobs: Any, rules: Mapping[str, IgnoreRules],
             stage: Path, live: Sequence[str] = (),
-            secrets: list[SecretServed] | None = None) -> list[WorkspaceMount]:
+            secrets: list[SecretServed] | None = None,
+            secret_rules: SecretRules | None = None) -> list[WorkspaceMount]:
     """Restore each root of ``manifest`` under ``stage`` and say how to mount it.
     ``live``: paths the replay sees as they are now (the code of an edited command).
     A file recorded masked (``secretfiles``) is served live where the path holds a file
@@ -172,7 +182,7 @@ def prepare(manifest: Manifest, blobs: Any, rules: Mapping[str, IgnoreRules],
     live_real = [os.path.realpath(p) for p in live]
     for i, root in enumerate(manifest.roots):
         tree = manifest.trees.get(root, {})
-        served_live = _secrets_live(tree, root, secrets)
+        served_live = _secrets_live(tree, root, secrets, secret_rules)
         rule = rules.get(root, IgnoreRules())
         keep_live = tuple(p for p in live_real if p.startswith(root.rstrip("/") + "/"))
         if keep_live:
@@ -208,26 +218,34 @@ def prepare(manifest: Manifest, blobs: Any, rules: Mapping[str, IgnoreRules],
     return mounts
 
 
-def _secrets_live(tree: Tree, root: str, notes: list[SecretServed] | None) -> set[str]:
+def _secrets_live(tree: Tree, root: str, notes: list[SecretServed] | None,
+                  rules: SecretRules | None) -> set[str]:
     """The masked files of ``tree`` the replay serves live (a regular file is at the path
-    now: restore skips them and the live layer shows through); every masked file noted."""
+    now: restore skips them and the live layer shows through); every masked file noted,
+    with the live one's secrets (``rules``: the recording's)."""
     live_ones: set[str] = set()
     for rel, e in tree.items():
         if e.secret is None or e.kind != "f":
             continue
         path = os.path.join(root, rel)
         same = None
+        values: tuple[str, ...] = ()
         live = os.path.isfile(path) and not os.path.islink(path)
         if live:
             try:
                 with open(path, "rb") as f:
-                    same = e.secret.matches(f.read())
+                    data = f.read()
+                same = e.secret.matches(data)
             except OSError:
                 live = False
+            else:
+                masked = (mask_file(data) if e.secret.why == "file" else
+                          mask_values(data, rules.shapes if rules else None))
+                values = masked.values
         if live:
             live_ones.add(rel)
         if notes is not None:
-            notes.append(SecretServed(path, "live" if live else "masked", same))
+            notes.append(SecretServed(path, "live" if live else "masked", same, values))
     return live_ones
 
 

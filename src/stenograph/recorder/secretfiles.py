@@ -81,6 +81,17 @@ _KEEP = frozenset(b" \t\r\n\"',:;=[]{}()")
 
 
 @dataclass(frozen=True)
+class Masked:
+    """A text with its secrets masked: the masked bytes, how many values were masked, and
+    the values themselves (the hooks learn them: a tool that reads the file and sends it
+    to the model must not put them in the log either)."""
+
+    data: bytes
+    hits: int
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Secret:
     """What a manifest entry says of a redacted file."""
 
@@ -147,18 +158,23 @@ class SecretRules:
     def secret_file(self, rel: str) -> bool:
         return _match(rel, self.names) and not _match(rel, self.not_names)
 
-    def redact(self, rel: str, data: bytes) -> tuple[bytes, Secret] | None:
-        """``data`` with its secrets masked, and what the entry says; None: nothing to
-        redact (the bytes go in as they are)."""
+    def mask(self, rel: str, data: bytes) -> Masked | None:
+        """``data`` with its secrets masked; None: nothing to mask."""
         whole = self.secret_file(rel)
         if not whole and (len(data) > SCAN_MAX or b"\0" in data[:8192]):
             return None
-        masked, hits = mask_file(data) if whole else mask_values(data, self.shapes)
-        if not whole and not hits:
+        masked = mask_file(data) if whole else mask_values(data, self.shapes)
+        return masked if whole or masked.hits else None
+
+    def redact(self, rel: str, data: bytes) -> tuple[Masked, Secret] | None:
+        """``data`` masked, and what the entry says; None: nothing to redact (the bytes
+        go in as they are)."""
+        masked = self.mask(rel, data)
+        if masked is None:
             return None
         salt = os.urandom(16)
-        why = "file" if whole else "content"
-        return masked, Secret(why, hits, salt.hex(), digest(data, salt, why))
+        why = "file" if self.secret_file(rel) else "content"
+        return masked, Secret(why, masked.hits, salt.hex(), digest(data, salt, why))
 
 
 def _named_lines(data: bytes) -> list[tuple[int, int]]:
@@ -195,9 +211,10 @@ def _masked(chunk: bytes) -> bytes:
     return bytes(c if c in _KEEP else 0x2A for c in chunk)
 
 
-def mask_file(data: bytes) -> tuple[bytes, int]:
+def mask_file(data: bytes) -> Masked:
     """A secret file, every value masked (see the module docstring): names kept."""
     out, hits = [], 0
+    values: list[bytes] = []
     for line in data.splitlines(keepends=True):
         body = line.rstrip(b"\r\n")
         end = line[len(body):]
@@ -206,12 +223,18 @@ def mask_file(data: bytes) -> tuple[bytes, int]:
             out.append(line)
             continue
         m = _LINE.match(body)
-        if m and m.group("value") and b"://" not in m.group("lead")[-4:]:
+        if m and b"://" not in m.group("lead")[-4:]:
             out.append(m.group("lead") + _masked(m.group("value")) + m.group("tail") + end)
+            values.append(m.group("value").strip(b"\"' "))
         else:
             out.append(_masked(body) + end)
+            values += body.split()
         hits += 1
-    return b"".join(out), hits
+    return Masked(b"".join(out), hits, _texts(values))
+
+
+def _texts(values: list[bytes]) -> tuple[str, ...]:
+    return tuple(sorted({v.decode("utf-8", "replace") for v in values if v}))
 
 
 def entropy(value: bytes) -> float:
@@ -227,7 +250,7 @@ def _credential(value: bytes) -> bool:
             and not _IDENTIFIER.fullmatch(value))
 
 
-def mask_values(data: bytes, shapes: KeyShapes | None) -> tuple[bytes, int]:
+def mask_values(data: bytes, shapes: KeyShapes | None) -> Masked:
     """Any text: values in a known key's shape, and high-entropy values assigned to a
     secret-sounding name, masked in place."""
     spans: list[tuple[int, int]] = []
@@ -246,15 +269,45 @@ def mask_values(data: bytes, shapes: KeyShapes | None) -> tuple[bytes, int]:
                     and _credential(value)):
                 spans.append(m.span(group))
     if not spans:
-        return data, 0
+        return Masked(data, 0)
     buf = bytearray(data)
     spans.sort()
     hits, last = 0, -1
+    values = []
     for a, b in spans:
         if b <= last:
             continue
         a = max(a, last)
+        values.append(data[a:b])
         buf[a:b] = _masked(bytes(buf[a:b]))
         hits += 1
         last = b
-    return bytes(buf), hits
+    return Masked(bytes(buf), hits, _texts(values))
+
+
+VALUES_FILE = "secret-values.json"
+"""The values masked in the workspace's files, for the hooks to learn (beside the key
+shapes: ``keyshapes.hook_path``'s directory). Written with mode 0600 into the run's own
+private directory, removed with it."""
+
+
+def write_values(values: set[str], directory: str | os.PathLike[str]) -> None:
+    import json
+
+    path = os.path.join(directory, VALUES_FILE)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(sorted(values), f)
+
+
+def read_values(directory: str | None) -> list[str]:
+    import json
+
+    if not directory:
+        return []
+    try:
+        with open(os.path.join(directory, VALUES_FILE)) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return [str(v) for v in doc] if isinstance(doc, list) else []

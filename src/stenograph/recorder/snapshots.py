@@ -339,6 +339,9 @@ class Snapshotter:
         self.redacted: list[tuple[str, Secret]] = []
         """Files stored masked so far (relative path, what was masked): the run's
         summary counts them."""
+        self.secret_values: set[str] = set()
+        """The values masked so far (``secretfiles.Masked.values``): the hooks learn
+        them."""
 
     def _entry(self, root: str, rel: str, st: os.stat_result, prev: _Seen | None
                ) -> tuple[Entry, bool] | None:
@@ -361,11 +364,12 @@ class Snapshotter:
             if secrets is not None and st.st_size <= SCAN_MAX:
                 with open(path, "rb") as f:
                     data = f.read(SCAN_MAX + 1)
-                masked = secrets.redact(rel, data)
-                body, secret = masked if masked is not None else (data, None)
+                red = secrets.redact(rel, data)
+                body, secret = (red[0].data, red[1]) if red is not None else (data, None)
                 ref, new = self.blobs.put_new(body)
-                if secret is not None:
-                    self.redacted.append((rel, secret))
+                if red is not None:
+                    self.redacted.append((rel, red[1]))
+                    self.secret_values.update(red[0].values)
                 return Entry(rel, "f", mode, st.st_mtime_ns, ref.size, ref.sha256, "",
                              secret), new
             ref, new = self.blobs.put_file(path, sync=False)
