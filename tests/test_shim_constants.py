@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stenograph.interpose import pytape, shim
+from stenograph.interpose import exits, shim
 from stenograph.recorder import rings, tape
 
 SHIM_C = Path(__file__).resolve().parent.parent / "shim_c"
@@ -54,7 +54,7 @@ MIRRORS = [
                    "ARENA_OFF_PID", "ARENA_OFF_ID", "RING_SLOTS", "RING_HDR", "RING_CAP",
                    "RING_SLOT", "RING_OFF_TINDEX", "RING_OFF_HEAD", "RING_OFF_TAIL")],
     ("DIVERGENCE_EXIT", "stenograph.recorder.tape.DIVERGENCE_EXIT", tape.DIVERGENCE_EXIT),
-    ("DIVERGENCE_EXIT", "stenograph.interpose.pytape.DIVERGED_EXIT", pytape.DIVERGED_EXIT),
+    ("DIVERGENCE_EXIT", "stenograph.interpose.exits.DIVERGED_EXIT", exits.DIVERGED_EXIT),
 ]
 
 

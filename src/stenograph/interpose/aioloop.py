@@ -465,7 +465,7 @@ def discard(aw: Awaitable[Any]) -> None:
 
 
 if hasattr(asyncio, "selector_events"):  # imported by a hook while asyncio was importing
-    from stenograph.interpose.seam import loop_taped
+    from stenograph.interpose.settings import loop_taped
 
     if loop_taped():
         install(asyncio.selector_events)

@@ -16,19 +16,16 @@ raises ``ApprovalDenied`` -- a gate that quietly opened would be worse.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from stenograph.interpose.exits import PAUSED_EXIT, leave
 from stenograph.interpose.fingerprint import fingerprint
 from stenograph.interpose.pytape import PyTape, ReplayExhausted, Slot, current
 
-PAUSED_EXIT = 5
 CHANNEL = "approval"
 
 
@@ -130,6 +127,4 @@ def _pause() -> None:
     """End the process: the run is paused until the approval is resolved. The recorder
     has the request (it was made durable first); the CLI prints the one line a person
     reads."""
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-    os._exit(PAUSED_EXIT)
+    leave(PAUSED_EXIT)

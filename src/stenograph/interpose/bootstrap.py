@@ -41,9 +41,9 @@ def _patch_asyncio(mod: ModuleType) -> None:
 
 
 def _patch_asyncio_loops(mod: ModuleType) -> None:
-    from stenograph.interpose import seam
+    from stenograph.interpose.settings import loop_taped
 
-    if not seam.loop_taped():
+    if not loop_taped():
         return
     from stenograph.interpose import aioloop
 

@@ -28,6 +28,7 @@ from stenograph.interpose import seam
 from stenograph.interpose.exchange import error_body
 from stenograph.interpose.fingerprint import fingerprint
 from stenograph.interpose.pytape import IN_DECLARED_EFFECT, PyTape, ReplayExhausted, current
+from stenograph.interpose.settings import loop_taped
 from stenograph.recorder.blobs import BlobRef
 from stenograph.recorder.codec import jsonable
 from stenograph.recorder.exchanges import is_lost_body
@@ -311,7 +312,7 @@ def _wrap(fn: F, channel: str, name: str | None, spec: EffectSpec | None = None)
             tape = current()
             if tape is None:
                 return await fn(*args, **kwargs)
-            if not seam.loop_taped():
+            if not loop_taped():
                 with tape.shim.paused():
                     call = _Call(tape, channel, label, args, kwargs)
                     if call.replaying:

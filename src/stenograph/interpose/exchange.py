@@ -6,7 +6,8 @@ import re
 from typing import Any
 
 from stenograph.interpose.fingerprint import fingerprint
-from stenograph.interpose.pytape import PyTape, getenv
+from stenograph.interpose.pytape import PyTape
+from stenograph.interpose.settings import getenv
 
 _MODEL_PATH = re.compile(r"/(chat/completions|completions|responses|messages)/?$")
 

@@ -27,6 +27,7 @@ from urllib.parse import urlencode
 from stenograph.interpose import aiohttp_compat as compat
 from stenograph.interpose import seam
 from stenograph.interpose.pytape import PyTape, current
+from stenograph.interpose.settings import loop_taped
 
 _BODY_ERRORS = ("aiohttp.client_exceptions", "aiohttp.http_exceptions", "asyncio.exceptions",
                 "builtins")
@@ -78,7 +79,7 @@ def install(client: ModuleType) -> None:
         tape = current()
         if tape is None:
             return await orig(self, method, str_or_url, **kwargs)
-        if not seam.loop_taped():  # the whole call paused across its awaits
+        if not loop_taped():  # the whole call paused across its awaits
             with seam.paused_across_awaits(tape):
                 return await _taped_paused(tape, self, method, str_or_url, kwargs)
         return await _taped(tape, self, method, str_or_url, kwargs)

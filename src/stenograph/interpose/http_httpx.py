@@ -20,6 +20,7 @@ from typing import Any
 
 from stenograph.interpose import seam
 from stenograph.interpose.pytape import PyTape, current
+from stenograph.interpose.settings import loop_taped
 
 
 def _recorded_error(mod: ModuleType, err: dict[str, Any], request: Any) -> BaseException:
@@ -141,7 +142,7 @@ def install(mod: ModuleType) -> None:
         tape = current()
         if tape is None:
             return await orig_async(self, request)
-        if not seam.loop_taped():
+        if not loop_taped():
             return await _paused_async(self, tape, request)
         body = await request.aread()
         with tape.shim.paused():

@@ -47,11 +47,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import msgpack
 
 from stenograph.interpose import gcpoints, resume_plan, stoppoint
+from stenograph.interpose.exits import diverged
 from stenograph.interpose.fingerprint import distance, json_diff, request_diff
 from stenograph.interpose.incidental import (
     Incidentals,
@@ -60,6 +61,7 @@ from stenograph.interpose.incidental import (
     request_text,
 )
 from stenograph.interpose.redact import RedactionRules
+from stenograph.interpose.settings import getenv, shim_proc
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.exchanges import is_lost_body
 
@@ -116,7 +118,6 @@ INTENT_BODY = 4 << 10
 MAX_MESSAGE = 1 << 20
 """The largest message the recorder takes (``recorder.exchanges.MAX_MESSAGE``)."""
 MATCH_WINDOW = 16
-DIVERGED_EXIT = 86
 
 
 class _ShimControl:
@@ -344,7 +345,7 @@ class PyTape:
         self._lock = threading.Lock()
         self._sock = None
         self._broken = False
-        proc = _shim_proc()
+        proc = shim_proc()
         if proc:
             self.proc = proc
         self._next = {}
@@ -656,7 +657,7 @@ class PyTape:
             finally:
                 os.close(fd)
         if not self.lenient:
-            _stop("\n".join(lines))
+            diverged("\n".join(lines))
 
 
 def _fit_scrubbed(entry: dict[str, Any]) -> dict[str, Any]:
@@ -721,42 +722,6 @@ class ReplayExhausted(ConnectionError):
     """Lenient replay asked for a call the recording does not have."""
 
 
-def _stop(message: str) -> NoReturn:
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-    with contextlib.suppress(Exception):
-        sys.stderr.write(f"stenograph: replay diverged: {message}\n")
-        sys.stderr.flush()
-    os._exit(DIVERGED_EXIT)
-
-
-def _shim_getenv_fn() -> Any:
-    try:
-        fn = ctypes.CDLL(None).steno_getenv
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_char_p
-    fn.argtypes = [ctypes.c_char_p]
-    return fn
-
-
-_SHIM_GETENV = _shim_getenv_fn()
-
-
-def getenv(name: str) -> str | None:
-    """A ``STENO_*`` setting: from the shim when it is loaded (it hides them from the
-    program's environment so record and replay look alike), else from the environment."""
-    if _SHIM_GETENV is not None:
-        value = _SHIM_GETENV(name.encode())
-        return None if value is None else bytes(value).decode()
-    return os.environ.get(name)
-
-
-def _shim_proc() -> str | None:
-    """The process path the shim assigned (it follows forks), else the environment's."""
-    return getenv("STENO_PROC")
-
-
 _current: PyTape | None = None
 
 
@@ -769,7 +734,7 @@ def current() -> PyTape | None:
         if mode not in ("record", "replay"):
             return None
         _current = PyTape(
-            mode, _shim_proc() or "0",
+            mode, shim_proc() or "0",
             sock_path=getenv("STENO_PYSOCK"),
             tape_dir=getenv("STENO_TAPE"),
             store_dir=getenv("STENO_STORE"),

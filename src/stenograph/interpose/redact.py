@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
 
+from stenograph.interpose.settings import getenv
 from stenograph.recorder.keyshapes import KeyShapes, hook_path
 from stenograph.recorder.secretfiles import read_values
 
@@ -77,8 +78,6 @@ def _env_set(name: str) -> frozenset[str]:
 
 
 def _getenv(name: str) -> str | None:
-    from stenograph.interpose.pytape import getenv
-
     return getenv(name)
 
 

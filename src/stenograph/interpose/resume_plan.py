@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from stenograph.interpose.exits import NEEDS_PERSON_EXIT, diverged, leave, say
+
 FILE = "resume.json"
 ATTENTION = "attention.json"
-NEEDS_PERSON_EXIT = 4
 
 
 @dataclass
@@ -69,10 +68,8 @@ class Settlement:
         recorded_fp = doubt.get("fingerprint")
         if doubt.get("target") != target or (
                 fingerprint is not None and recorded_fp and recorded_fp != fingerprint):
-            from stenograph.interpose.pytape import _stop
-
             what = "another request to " if doubt.get("target") == target else ""
-            _stop(f"effect {call_id}: the resumed program sends {what}{target}, the crashed "
+            diverged(f"effect {call_id}: the resumed program sends {what}{target}, the crashed "
                   f"run's intent was {doubt.get('target')}")
         return str(doubt.get("settle") or "reissue")
 
@@ -89,9 +86,7 @@ class Settlement:
         as another.)"""
         owner = self.keys.get(key)
         if owner is not None and owner != call_id:
-            from stenograph.interpose.pytape import _stop
-
-            _stop(f"effect {call_id}: its idempotency key {key} was sent before for "
+            diverged(f"effect {call_id}: its idempotency key {key} was sent before for "
                   f"{owner}; refusing to send it for another intent")
 
     def needs_person(self, call_id: str, target: str, why: str,
@@ -110,13 +105,9 @@ class Settlement:
                     {"call_id": call_id, "target": target, "why": why, "line": line,
                      "arguments": brief(body)}))
                 wrote = True
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
         if not wrote:  # no CLI to read it: say it here
-            with contextlib.suppress(Exception):
-                sys.stderr.write(f"stenograph: {line}\n")
-                sys.stderr.flush()
-        os._exit(NEEDS_PERSON_EXIT)
+            say(line)
+        leave(NEEDS_PERSON_EXIT)
 
 
 def described(target: str, body: Any) -> str:

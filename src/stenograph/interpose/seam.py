@@ -42,24 +42,11 @@ from stenograph.interpose.exchange import (
     response_headers,
     split_chunks,
 )
+from stenograph.interpose.exits import STOPPED_EXIT, leave, say
 from stenograph.interpose.pytape import IN_DECLARED_EFFECT, PyTape, ReplayExhausted
+from stenograph.interpose.settings import loop_taped
 
 T = TypeVar("T")
-
-
-_LOOP_TAPED: bool | None = None
-
-
-def loop_taped() -> bool:
-    """Whether asyncio loops are on the tape (``stenograph record --asyncio``, kept in the
-    recording so its replay agrees). Without it an async hooked call keeps the tape
-    paused across its awaits, which is exact for one request at a time per thread."""
-    global _LOOP_TAPED
-    if _LOOP_TAPED is None:
-        from stenograph.interpose.pytape import getenv
-
-        _LOOP_TAPED = getenv("STENO_ASYNCIO") == "1"
-    return _LOOP_TAPED
 
 
 def _aioloop() -> Any:
@@ -78,25 +65,17 @@ class EffectRefused(ConnectionError):
     its target is the recorded run's world."""
 
 
-STOPPED_EXIT = 6
-
-
 def stop_run(reason: str, tape: PyTape | None = None) -> NoReturn:
     """A budget is spent, or a resume refuses drift: the process ends before the call
     (exit 6). With ``tape``, the recorder is told first (an ``Authorized`` ``stop``), so
     the run is left resumable, not ended; without, the stop was the recorder's own
     decision (a budget). The CLI prints the one line a person reads; this process says
     it only when the recorder could not be told."""
-    import os
 
     told = tape is None or tape.notify({"kind": "Stop", "reason": reason})
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
     if not told:
-        with contextlib.suppress(Exception):
-            sys.stderr.write(f"stenograph: stopped: {reason}\n")
-            sys.stderr.flush()
-    os._exit(STOPPED_EXIT)
+        say(f"stopped: {reason}")
+    leave(STOPPED_EXIT)
 
 
 Rebuild = Callable[[dict[str, Any]], BaseException]
