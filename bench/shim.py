@@ -35,10 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from stenograph.interpose.launch import python_executable, run_under_shim
-from stenograph.interpose.shim import shim_path
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import RecordSession, prepare_tape
+from stenograph.runner.launch import python_executable, run_under_shim
+from stenograph.runner.shim import shim_path
 
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 TRIES = 5

@@ -290,8 +290,8 @@ def keep_old(doc: dict[str, Any], name: str, fmt: int, protocol: int) -> None:
 
 
 def record_one(spec: Spec, doc: dict[str, Any], say: Callable[[str], None]) -> None:
-    from stenograph.interpose.shim import PROTOCOL
     from stenograph.recorder.kinds import FORMAT_VERSION
+    from stenograph.runner.shim import PROTOCOL
 
     raw = HERE / f".{spec.name}.recording.steno"
     raw.unlink(missing_ok=True)

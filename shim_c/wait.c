@@ -51,6 +51,22 @@ EXPORT int nanosleep(const struct timespec *req, struct timespec *rem) {
     return GATED(OP_SCHED_SLEEP, 1, nanosleep_taped(req, rem));
 }
 
+/* A sleep a replay runs live (build replay, a lenient one past a divergence) until an
+ * absolute deadline the program computed from a served clock: the same distance from
+ * now as from the last value served (time.sleep computes the deadline holding the GIL,
+ * then sleeps without it: translate_deadline's CPython guards do not apply). */
+static const struct timespec *served_deadline(int clk, const struct timespec *abs,
+                                              struct timespec *out) {
+    if ((unsigned)clk >= 16 || !g_served_ns[clk]) return abs;
+    struct timespec now;
+    if (is_err(RS2(SYS_clock_gettime, clk, &now))) return abs;
+    int64_t t = now.tv_sec * 1000000000LL + now.tv_nsec +
+                (abs->tv_sec * 1000000000LL + abs->tv_nsec - g_served_ns[clk]);
+    out->tv_sec = t / 1000000000LL;
+    out->tv_nsec = t % 1000000000LL;
+    return out;
+}
+
 static int clock_nanosleep_taped(clockid_t clk, int flags, const struct timespec *req, struct timespec *rem) {
     if (!ACTIVE() || !req) return (int)-RS4(SYS_clock_nanosleep, clk, flags, req, rem);
     tls_t *t = me();
@@ -65,7 +81,13 @@ static int clock_nanosleep_taped(clockid_t clk, int flags, const struct timespec
         }
     }
     struct timespec r2 = {0, 0}, shifted;
-    if (UNLIKELY(g_clock_shift) && (flags & TIMER_ABSTIME)) req = clock_unshift(clk, req, &shifted);
+    if (flags & TIMER_ABSTIME) {
+        if (g_mode == MODE_REPLAY && (unsigned)clk < 16 && g_served_ns[clk] &&
+            g_anchor_ns[clk] != g_served_ns[clk]) /* the clock was last served, not read live */
+            req = served_deadline(clk, req, &shifted);
+        else if (UNLIKELY(g_clock_shift))
+            req = clock_unshift(clk, req, &shifted);
+    }
     long r = RS4(SYS_clock_nanosleep, clk, flags, req, &r2);
     if (rem && r == -EINTR && !(flags & TIMER_ABSTIME)) *rem = r2;
     if (g_mode == MODE_RECORD) {

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from stenograph.bisect_step import Plan, Run, command, python_mode
+from stenograph.ci.bisect_step import Plan, Run, command, python_mode
 from stenograph.testing.model_server import ModelServer
 
 PY = sys.executable  # the venv's: the agent imports openai

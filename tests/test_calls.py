@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from stenograph.interpose.pyenv import hook_env
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.store import Store
+from stenograph.runner.pyenv import hook_env
 
 PROGRAM = textwrap.dedent("""
     import asyncio, os, sys

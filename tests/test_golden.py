@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from stenograph.interpose.shim import PROTOCOL
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.kinds import FORMAT_VERSION
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.store import Store
 from stenograph.recorder.trajfile import read_trajectory
+from stenograph.runner.shim import PROTOCOL
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden_logs"
 REPO = GOLDEN.parent

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from stenograph.interpose.launch import GO_BUILDINFO, check_dynamic
 from stenograph.recorder.errors import BadInput
+from stenograph.runner.launch import GO_BUILDINFO, check_dynamic
 
 CLI = [sys.executable, "-m", "stenograph"]
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stenograph.cli_status import states
+from stenograph.cli.status import states
 from stenograph.recorder.reader import StoreReader
 from stenograph.testing.effect_service import EffectService
 from stenograph.testing.model_server import ModelServer

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from crashes import Run, go, service
 
-from stenograph.cli_status import states
+from stenograph.cli.status import states
 from stenograph.recorder.errors import BadInput
 from stenograph.testing.effect_service import EffectService
 

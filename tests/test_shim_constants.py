@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from stenograph.interpose import exits, shim
+from stenograph.interpose import exits
 from stenograph.recorder import rings, tape
+from stenograph.runner import shim
 
 SHIM_C = Path(__file__).resolve().parent.parent / "shim_c"
 DEFINE = re.compile(r"^#define\s+(\w+)\s+(\d+|\"[^\"]*\")", re.MULTILINE)
@@ -40,7 +41,7 @@ def test_header_parses() -> None:
 
 
 MIRRORS = [
-    ("STENO_PROTOCOL", "stenograph.interpose.shim.PROTOCOL", shim.PROTOCOL),
+    ("STENO_PROTOCOL", "stenograph.runner.shim.PROTOCOL", shim.PROTOCOL),
     ("STENO_MAGIC", "stenograph.recorder.tape.MAGIC", tape.MAGIC.decode()),
     ("MSG_DATA", "stenograph.recorder.tape.MSG_DATA", tape.MSG_DATA),
     ("MSG_BARRIER", "stenograph.recorder.tape.MSG_BARRIER", tape.MSG_BARRIER),

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from stenograph import regress as rg
+from stenograph.ci import regress as rg
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

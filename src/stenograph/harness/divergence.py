@@ -170,8 +170,7 @@ class _Evidence:
 
 
 def _manifest(tr: Trajectory) -> dict[str, str]:
-    from stenograph.interpose.workspace import start_snapshot
-    from stenograph.recorder.snapshots import load_manifest
+    from stenograph.recorder.snapshots import load_manifest, start_snapshot
 
     ref = start_snapshot(tr.events)
     if ref is None:

@@ -57,7 +57,7 @@ class Recording:
 def open_recording(path: str | Path, traj: str | None = None) -> Recording:
     """Read a ``.steno`` file (checked whole) or a store's trajectory ``traj`` (the only
     one when the store holds one). The caller has checked ``path`` is no FIFO
-    (``cli_checks.input_file``)."""
+    (``recorder/inputs.input_file``)."""
     p = Path(path)
     if is_store(p):
         reader = StoreReader(p)

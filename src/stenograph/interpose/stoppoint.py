@@ -29,9 +29,8 @@ def parse(spec: str | None) -> tuple[str, int] | None:
 
 def stop_here(tape_dir: str, shim: Any) -> None:
     """Snapshot the workspace into ``tape_dir/stop`` and end the process."""
-    from stenograph.interpose.workspace import recorded_rules
     from stenograph.recorder.blobs import BlobStore
-    from stenograph.recorder.snapshots import Snapshotter
+    from stenograph.recorder.snapshots import Snapshotter, recorded_rules
 
     stop = Path(tape_dir) / "stop"
     with shim.paused():

@@ -33,6 +33,7 @@ import math
 import os
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -311,3 +312,14 @@ def read_values(directory: str | None) -> list[str]:
     except (OSError, ValueError):
         return []
     return [str(v) for v in doc] if isinstance(doc, list) else []
+
+
+def recorded_secrets(started: Mapping[str, Any], shapes: KeyShapes | None) -> SecretRules:
+    """The secret-file rules a recording was made with (its own names, its key shapes),
+    for the snapshots a resume takes of the same workspace."""
+    ws = started.get("workspace") or {}
+    names, not_names = ws.get("secret"), ws.get("not_secret")
+    if not isinstance(names, list) or not isinstance(not_names, list):
+        return SecretRules(shapes=shapes)  # an older recording: today's defaults
+    return SecretRules(tuple(str(n) for n in names), tuple(str(n) for n in not_names),
+                       shapes)

@@ -660,3 +660,26 @@ def paths_within(roots: Sequence[str], path: str) -> str | None:
             return r
     return None
 
+
+# ----------------------------------------------------------------------------- recordings
+
+
+def start_snapshot(events: Sequence[Any]) -> BlobRef | None:
+    """The snapshot a recording took before its program started (its ``start``
+    checkpoint), if it took one."""
+    for ev in events:
+        if ev.kind == "Checkpoint" and isinstance(ev.body, dict) \
+                and ev.body.get("at") == "start":
+            return BlobRef.from_body(ev.body["snapshot"])
+    return None
+
+
+def recorded_rules(started: Mapping[str, Any]) -> dict[str, IgnoreRules]:
+    """The ignore rules each workspace root was snapshotted with (``RunStarted``)."""
+    ws = started.get("workspace") or {}
+    out = {}
+    for r in ws.get("roots") or []:
+        if isinstance(r, dict) and isinstance(r.get("path"), str):
+            out[r["path"]] = IgnoreRules(tuple(str(p) for p in r.get("ignore") or ()),
+                                         tuple(str(p) for p in r.get("exclude") or ()))
+    return out

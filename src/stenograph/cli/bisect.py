@@ -19,7 +19,7 @@ the user's objects; removing one directory undoes it.
 
 The pieces: the checks (one ``BadInput`` line before anything is made); ``Plan``, what a
 step needs, written as JSON for the step process ``git bisect run`` starts (``python -P
--m stenograph.bisect_step PLAN``, ``bisect_step.py``); ``judge``, one revision's
+-m stenograph.ci.bisect_step PLAN``, ``bisect_step.py``); ``judge``, one revision's
 verdict; ``bisect``, the command: both ends checked, ``git bisect run``, the report.
 """
 
@@ -41,7 +41,7 @@ from typing import Any
 
 import click
 
-from stenograph.bisect_step import (
+from stenograph.ci.bisect_step import (
     Plan,
     base_interpreter,
     git,
@@ -266,7 +266,7 @@ def _bisect_run(plan: Plan, plan_file: Path, steps: list[dict[str, Any]]) -> str
     output = Path(plan.tmp) / "bisect-run.txt"
     with open(output, "w") as sink:
         proc = subprocess.Popen(
-            ["git", "bisect", "run", sys.executable, "-P", "-m", "stenograph.bisect_step",
+            ["git", "bisect", "run", sys.executable, "-P", "-m", "stenograph.ci.bisect_step",
              str(plan_file)], cwd=plan.work, env=git_env(), stdin=subprocess.DEVNULL,
             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
         seen = 0

@@ -1,6 +1,6 @@
 """One revision of a bisect, judged (``stenograph bisect``, ``cli_bisect.py``).
 
-``git bisect run`` starts ``python -P -m stenograph.bisect_step PLAN`` at each revision it
+``git bisect run`` starts ``python -P -m stenograph.ci.bisect_step PLAN`` at each revision it
 picks. ``Plan`` (written as JSON by the command) says what the step needs; the step
 points the recorded command at the revision's checkout (``tracked_args``, ``command``),
 installs the revision's package into a private venv when its packaging changed
@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stenograph.cli_checks import input_file
 from stenograph.errors import BadInput
+from stenograph.recorder.inputs import input_file
 
 PACKAGING = ("pyproject.toml", "setup.py", "setup.cfg")
 """Files whose change means the revision must be installed again (``pip install -e``)."""
@@ -520,7 +520,7 @@ def _report(out: str) -> dict[str, Any] | None:
 def step_main(args: Sequence[str]) -> int:
     """The test ``git bisect run`` starts: judge the revision, note it, answer git."""
     if len(args) != 1:
-        print("usage: python -m stenograph.cli_bisect PLAN", file=sys.stderr)
+        print("usage: python -m stenograph.ci.bisect_step PLAN", file=sys.stderr)
         return ABORT
     plan = Plan.load(args[0])
     try:

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import stenograph
 
-SITE_DIR = Path(__file__).resolve().parent / "site"
+SITE_DIR = Path(__file__).resolve().parent.parent / "interpose" / "site"
+"""The ``sitecustomize`` every Python process of a run loads (code that runs inside the
+program: ``interpose/``)."""
 
 
 def hook_paths() -> list[str]:
@@ -29,6 +31,8 @@ def hook_env(mode: str, *, base: dict[str, str] | None = None, sock: str | None 
              store: str | None = None, tape: str | None = None, proc: str = "0",
              lenient: bool = False) -> dict[str, str]:
     """``base`` (default: this environment) plus what the hooks need for ``mode``."""
+    if not (SITE_DIR / "sitecustomize.py").is_file():  # a packaging mistake, said loudly
+        raise RuntimeError(f"stenograph's hooks are missing: {SITE_DIR}/sitecustomize.py")
     env = dict(os.environ if base is None else base)
     old = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(SITE_DIR) + (os.pathsep + old if old else "")

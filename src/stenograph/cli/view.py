@@ -17,11 +17,11 @@ from typing import Any
 
 import click
 
-from stenograph.cli_checks import output_file
-from stenograph.cli_show import open_input
+from stenograph.cli.show import open_input
 from stenograph.harness.source import Recording
 from stenograph.harness.viewer import DEFAULT_PAGE_SIZE, Run, page_count, render
 from stenograph.recorder.errors import BadInput
+from stenograph.recorder.inputs import output_file
 
 
 @click.command("view")

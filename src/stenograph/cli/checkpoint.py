@@ -23,10 +23,10 @@ from typing import Any
 
 import click
 
-from stenograph.cli_checks import input_file
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.checkpoints import CheckpointInfo, checkpoints_of
 from stenograph.recorder.errors import BadInput, CorruptLog, StenographError
+from stenograph.recorder.inputs import input_file
 from stenograph.recorder.resumes import view
 from stenograph.recorder.snapshots import Manifest, MapBlobs, Tree, load_manifest, restore_tree
 

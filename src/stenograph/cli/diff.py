@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from stenograph.cli_show import open_input
+from stenograph.cli.show import open_input
 from stenograph.harness.divergence import analyze
 
 

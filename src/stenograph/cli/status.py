@@ -14,9 +14,9 @@ from pathlib import Path
 
 import click
 
-from stenograph.cli_checks import traj_id
 from stenograph.recorder.effects import TrajectoryState, fold
 from stenograph.recorder.errors import BadInput
+from stenograph.recorder.inputs import traj_id
 from stenograph.recorder.leases import LocalLeases
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.resumes import view
@@ -75,7 +75,7 @@ def status(store: Path, traj: str | None, as_json: bool) -> None:
 def settle(store: Path, traj: str, call: str, as_: str, result_file: Path | None,
            by: str | None) -> None:
     """Record a person's decision on an effect in doubt (a `Settled` event)."""
-    from stenograph.cli_checks import input_file
+    from stenograph.recorder.inputs import input_file
     from stenograph.recorder.store import Store
 
     traj_id(traj)
@@ -108,7 +108,7 @@ def deliver(store: Path, traj: str, call: str, result_file: Path, by: str | None
     """Deliver the late result of an effect of TRAJ whose answer never came back (an
     asynchronous tool: a job finished, a webhook fired). It goes into the log as a
     `ToolResult`; the next `resume` hands it to the program instead of calling again."""
-    from stenograph.cli_checks import input_file
+    from stenograph.recorder.inputs import input_file
     from stenograph.recorder.store import Store
 
     traj_id(traj)

@@ -29,33 +29,9 @@ from typing import Any, NoReturn
 
 import click
 
-from stenograph import __version__, buildreplay
-from stenograph.cli_checks import input_file, output_file, traj_id
-from stenograph.cli_lines import fenced_line, paused_line, stopped_line
-from stenograph.interpose.launch import (
-    RunResult,
-    Seal,
-    check_dynamic,
-    created_names,
-    listing,
-    resolve_program,
-    run_under_shim,
-    seal_roots,
-    snapshot_state,
-)
-from stenograph.interpose.pyenv import hook_env
+from stenograph import __version__
+from stenograph.cli.lines import fenced_line, paused_line, stopped_line
 from stenograph.interpose.redact import NAME_PATTERN, RedactionRules
-from stenograph.interpose.shim import PROTOCOL, readable, shim_path, shim_version
-from stenograph.interpose.workspace import (
-    SecretServed,
-    WorkspaceMount,
-    WorkspacePlan,
-    recorded_rules,
-    recorded_secrets,
-    start_snapshot,
-)
-from stenograph.interpose.workspace import plan as plan_workspace
-from stenograph.interpose.workspace import prepare as prepare_workspace
 from stenograph.recorder import keyshapes
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.checkpoints import Checkpointer
@@ -72,10 +48,18 @@ from stenograph.recorder.errors import (
     WriteFailed,
 )
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
+from stenograph.recorder.inputs import input_file, output_file, traj_id
 from stenograph.recorder.keyshapes import KeyShapes
 from stenograph.recorder.resumes import view
-from stenograph.recorder.secretfiles import write_values
-from stenograph.recorder.snapshots import Cadence, MapBlobs, Snapshotter, load_manifest
+from stenograph.recorder.secretfiles import recorded_secrets, write_values
+from stenograph.recorder.snapshots import (
+    Cadence,
+    MapBlobs,
+    Snapshotter,
+    load_manifest,
+    recorded_rules,
+    start_snapshot,
+)
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import (
     RecordSession,
@@ -85,6 +69,23 @@ from stenograph.recorder.tape import (
     read_divergences,
     stream_records,
 )
+from stenograph.runner import buildreplay
+from stenograph.runner.launch import (
+    RunResult,
+    Seal,
+    check_dynamic,
+    created_names,
+    listing,
+    resolve_program,
+    run_under_shim,
+    seal_roots,
+    snapshot_state,
+)
+from stenograph.runner.pyenv import hook_env
+from stenograph.runner.shim import PROTOCOL, readable, shim_path, shim_version
+from stenograph.runner.workspace import SecretServed, WorkspaceMount, WorkspacePlan
+from stenograph.runner.workspace import plan as plan_workspace
+from stenograph.runner.workspace import prepare as prepare_workspace
 
 SECRET_NAME = re.compile(NAME_PATTERN, re.IGNORECASE)
 """Environment variables whose values are never written; replay supplies its own or

@@ -28,9 +28,8 @@ from typing import Any
 
 import click
 
-from stenograph.cli_checks import traj_id
-from stenograph.cli_lines import needs_person_line, paused_line, stopped_line
-from stenograph.cli_run import (
+from stenograph.cli.lines import needs_person_line, paused_line, stopped_line
+from stenograph.cli.record import (
     Worker,
     _exit_code,
     _Flusher,
@@ -44,15 +43,6 @@ from stenograph.cli_run import (
     sweep_dead_sockets,
 )
 from stenograph.interpose import resume_plan
-from stenograph.interpose.launch import HeldSeal, Seal, run_under_shim, seal_roots
-from stenograph.interpose.shim import PROTOCOL, readable
-from stenograph.interpose.workspace import (
-    WorkspaceMount,
-    recorded_rules,
-    recorded_secrets,
-    start_snapshot,
-)
-from stenograph.interpose.workspace import prepare as prepare_workspace
 from stenograph.recorder import keyshapes
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.checkpoints import Checkpointer
@@ -67,12 +57,24 @@ from stenograph.recorder.errors import (
     Stopped,
 )
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
+from stenograph.recorder.inputs import traj_id
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.resumes import ResumePlan, plan, settled_entry
-from stenograph.recorder.secretfiles import write_values
-from stenograph.recorder.snapshots import Cadence, Limits, Snapshotter, load_manifest
+from stenograph.recorder.secretfiles import recorded_secrets, write_values
+from stenograph.recorder.snapshots import (
+    Cadence,
+    Limits,
+    Snapshotter,
+    load_manifest,
+    recorded_rules,
+    start_snapshot,
+)
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import RecordSession, prepare_tape, read_divergences
+from stenograph.runner.launch import HeldSeal, Seal, run_under_shim, seal_roots
+from stenograph.runner.shim import PROTOCOL, readable
+from stenograph.runner.workspace import WorkspaceMount
+from stenograph.runner.workspace import prepare as prepare_workspace
 from stenograph.runner.writeback import write_back
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import click
 
-from stenograph.cli_checks import input_file
 from stenograph.harness.formats import loads
 from stenograph.harness.source import Recording, open_recording
 from stenograph.harness.trajectory import Trajectory, Turn, action_line, short
 from stenograph.recorder.checkpoints import CheckpointInfo, checkpoints_of
+from stenograph.recorder.inputs import input_file
 from stenograph.recorder.reader import is_store
 
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stenograph.recorder.blobs import BlobRef
 from stenograph.recorder.errors import BadInput
 from stenograph.recorder.keyshapes import KeyShapes
 from stenograph.recorder.secretfiles import (
@@ -114,35 +113,6 @@ class WorkspaceMount:
 TEMP_ROOTS = ("/tmp", "/var/tmp")
 """Directories every sealed replay overlays with scratch (``launch.seal_roots`` adds
 ``$TMPDIR``)."""
-
-
-def start_snapshot(events: Sequence[Any]) -> BlobRef | None:
-    for ev in events:
-        if ev.kind == "Checkpoint" and isinstance(ev.body, dict) \
-                and ev.body.get("at") == "start":
-            return BlobRef.from_body(ev.body["snapshot"])
-    return None
-
-
-def recorded_secrets(started: Mapping[str, Any], shapes: KeyShapes | None) -> SecretRules:
-    """The secret-file rules a recording was made with (its own names, its key shapes),
-    for the snapshots a resume takes of the same workspace."""
-    ws = started.get("workspace") or {}
-    names, not_names = ws.get("secret"), ws.get("not_secret")
-    if not isinstance(names, list) or not isinstance(not_names, list):
-        return SecretRules(shapes=shapes)  # an older recording: today's defaults
-    return SecretRules(tuple(str(n) for n in names), tuple(str(n) for n in not_names),
-                       shapes)
-
-
-def recorded_rules(started: Mapping[str, Any]) -> dict[str, IgnoreRules]:
-    ws = started.get("workspace") or {}
-    out = {}
-    for r in ws.get("roots") or []:
-        if isinstance(r, dict) and isinstance(r.get("path"), str):
-            out[r["path"]] = IgnoreRules(tuple(str(p) for p in r.get("ignore") or ()),
-                                         tuple(str(p) for p in r.get("exclude") or ()))
-    return out
 
 
 @dataclass(frozen=True)

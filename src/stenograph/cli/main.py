@@ -17,9 +17,9 @@ from typing import Any, NoReturn
 import click
 
 from stenograph import __version__
-from stenograph.cli_checks import input_file, output_file, traj_id
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import WRITE_ERRNOS, BadInput, StenographError, WriteFailed
+from stenograph.recorder.inputs import input_file, output_file, traj_id
 from stenograph.recorder.reader import StoreReader, is_store
 from stenograph.recorder.segment import TRAJ_MAGIC, WAL_MAGIC
 
@@ -27,13 +27,12 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 LAZY = {
-    "record": "cli_run", "replay": "cli_run", "bisect": "cli_bisect",
-    "checkpoint": "cli_checkpoint", "resume": "cli_resume", "regress": "cli_regress",
-    "status": "cli_status", "settle": "cli_status", "approve": "cli_status",
-    "deny": "cli_status", "deliver": "cli_status", "show": "cli_show", "view": "cli_view",
-    "diff": "cli_diff", "fork": "cli_fork",
+    "record": "record", "replay": "record", "bisect": "bisect", "checkpoint": "checkpoint",
+    "resume": "resume", "regress": "regress", "status": "status", "settle": "status",
+    "approve": "status", "deny": "status", "deliver": "status", "show": "show",
+    "view": "view", "diff": "diff", "fork": "fork",
 }
-"""Commands that live in their own modules: ``stenograph.<module>.<command>``."""
+"""Commands that live in their own modules: ``stenograph.cli.<module>.<command>``."""
 
 
 class LazyGroup(click.Group):
@@ -47,7 +46,7 @@ class LazyGroup(click.Group):
         if name in LAZY and name not in self.commands:
             import importlib
 
-            mod = importlib.import_module(f"stenograph.{LAZY[name]}")
+            mod = importlib.import_module(f"stenograph.cli.{LAZY[name]}")
             self.add_command(getattr(mod, name.replace("-", "_")), name)
         return super().get_command(ctx, name)
 

@@ -26,9 +26,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from stenograph import buildreplay
-from stenograph.cli_checks import input_file, output_file
-from stenograph.cli_run import (
+from stenograph.cli.record import (
     _exit_code,
     _Flusher,
     _here,
@@ -41,26 +39,23 @@ from stenograph.cli_run import (
 from stenograph.harness import fork as forking
 from stenograph.harness.source import open_recording
 from stenograph.interpose import resume_plan
-from stenograph.interpose.launch import Seal, run_under_shim
-from stenograph.interpose.shim import PROTOCOL, readable
-from stenograph.interpose.workspace import (
-    SecretServed,
-    recorded_rules,
-    recorded_secrets,
-    start_snapshot,
-)
-from stenograph.interpose.workspace import prepare as prepare_workspace
 from stenograph.recorder import keyshapes
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import BadInput, ReplayDiverged
 from stenograph.recorder.exchanges import ExchangeServer, prepare_py_tape
+from stenograph.recorder.inputs import input_file, output_file
 from stenograph.recorder.reader import StoreReader
-from stenograph.recorder.secretfiles import write_values
-from stenograph.recorder.snapshots import MapBlobs, load_manifest
+from stenograph.recorder.secretfiles import recorded_secrets, write_values
+from stenograph.recorder.snapshots import MapBlobs, load_manifest, recorded_rules, start_snapshot
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import RecordSession, prepare_tape, read_divergences
 from stenograph.recorder.trajfile import write_trajectory
+from stenograph.runner import buildreplay
+from stenograph.runner.launch import Seal, run_under_shim
+from stenograph.runner.shim import PROTOCOL, readable
+from stenograph.runner.workspace import SecretServed
+from stenograph.runner.workspace import prepare as prepare_workspace
 
 
 def _url(value: str | None, name: str) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from stenograph import regress as rg
+from stenograph.ci import regress as rg
 from stenograph.errors import BadInput, CorruptLog, ReplayDiverged
 
 
