@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from thousand_turns import make
 
-from stenograph.cli.show import turn_doc
+from stenograph.harness.documents import turn_doc
 from stenograph.harness.source import open_recording
 from stenograph.harness.viewer import Run, page_count, render
 from stenograph.recorder.checkpoints import checkpoints_of

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from stenograph.cli.status import states
+from stenograph.recorder.resumes import states
 from stenograph.testing.effect_service import EffectService
 
 CLI = [sys.executable, "-m", "stenograph"]

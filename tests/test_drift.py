@@ -110,7 +110,7 @@ def test_status_names_the_tool_calls_the_model_proposed_and_nothing_made(
     """Killed as the first reply's proposal (find_servers) reaches the service: status
     lists that call as not-sent -- no intent, no result: nothing of it is known to have
     happened -- and resume makes it."""
-    from stenograph.cli.status import states
+    from stenograph.recorder.resumes import states
 
     with EffectService() as svc, ModelServer(script=SCRIPT) as models:
         procs: list[int] = []

@@ -38,8 +38,8 @@ from crashes import Run, go, service
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stenograph.cli.status import states
 from stenograph.recorder.errors import BadInput
+from stenograph.recorder.resumes import states
 from stenograph.testing.effect_service import Drop, EffectService
 from stenograph.testing.model_server import ModelServer
 

@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stenograph.cli.status import states
 from stenograph.recorder.reader import StoreReader
+from stenograph.recorder.resumes import states
 from stenograph.testing.effect_service import EffectService
 from stenograph.testing.model_server import ModelServer
 

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from crashes import Run, go, service
 
-from stenograph.cli.status import states
 from stenograph.recorder.errors import BadInput
+from stenograph.recorder.resumes import states
 from stenograph.testing.effect_service import EffectService
 
 CLI = [sys.executable, "-m", "stenograph"]

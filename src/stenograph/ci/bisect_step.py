@@ -1,4 +1,4 @@
-"""One revision of a bisect, judged (``stenograph bisect``, ``cli_bisect.py``).
+"""One revision of a bisect, judged (``stenograph bisect``, ``ci/bisect.py``).
 
 ``git bisect run`` starts ``python -P -m stenograph.ci.bisect_step PLAN`` at each revision it
 picks. ``Plan`` (written as JSON by the command) says what the step needs; the step

@@ -17,10 +17,11 @@ stale if the process is killed, and ``git bisect start`` there creates the commo
 ``packed-refs``), and its checkouts run the user's hooks. The shared clone only reads
 the user's objects; removing one directory undoes it.
 
-The pieces: the checks (one ``BadInput`` line before anything is made); ``Plan``, what a
-step needs, written as JSON for the step process ``git bisect run`` starts (``python -P
--m stenograph.ci.bisect_step PLAN``, ``bisect_step.py``); ``judge``, one revision's
-verdict; ``bisect``, the command: both ends checked, ``git bisect run``, the report.
+The pieces: here, the checks (one ``BadInput`` line before anything is made) and the
+report; ``ci/bisect_step.py``'s ``Plan``, what a step needs, written as JSON for the step
+process ``git bisect run`` starts (``python -P -m stenograph.ci.bisect_step PLAN``), and
+``judge``, one revision's verdict; ``ci/bisect.py``, both ends checked, then ``git
+bisect run``.
 """
 
 from __future__ import annotations
@@ -28,30 +29,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import click
 
+from stenograph.ci.bisect import bisect as run_bisect
 from stenograph.ci.bisect_step import (
     Plan,
     base_interpreter,
     git,
-    git_env,
     inside,
-    judge,
-    kill_group,
     recorded_run,
     resolve,
-    subject,
     tracked_args,
     work_tree,
 )
@@ -119,15 +113,6 @@ def _around(text: str, at: int, before: int = 40, after: int = 80) -> str:
     piece = json.dumps(text[start:at + after], ensure_ascii=False)
     return (("..." if start else "") + piece + ("..." if at + after < len(text) else "")
             + f" ({len(text)} chars)")
-
-
-def _bisect_result(work: str) -> tuple[str | None, list[str]]:
-    """(first bad commit, or None with the commits it could be) from ``git bisect log``."""
-    log = git(work, "bisect", "log", check=False).stdout
-    first = re.search(r"^# first bad commit: \[([0-9a-f]{40,64})\]", log, re.M)
-    if first:
-        return first.group(1), []
-    return None, re.findall(r"^# possible first bad commit: \[([0-9a-f]{40,64})\]", log, re.M)
 
 
 @click.command("bisect")
@@ -205,99 +190,12 @@ def bisect(good: str, bad: str, logs: tuple[str, ...], repo: str, as_json: bool,
             plan = Plan(repo=top, work=os.path.join(tmp, "src"), tmp=tmp, runs=runs,
                         cmd=list(cmd) or None, timeout=timeout,
                         base_python=base_interpreter(list(cmd) or runs[0].argv, runs[0]))
-            out = _run(plan, good_sha, bad_sha)
+            out = run_bisect(plan, good_sha, bad_sha, _progress)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     _print(out, as_json)
     if out["first_bad"] is None:
         sys.exit(BadInput.exit_code)
-
-
-def _run(plan: Plan, good_sha: str, bad_sha: str) -> dict[str, Any]:
-    """Both ends checked, then ``git bisect run`` in the clone; the result as JSON."""
-    t0 = time.monotonic()
-    git(plan.repo, "clone", "--quiet", "--shared", "--no-checkout", plan.repo, plan.work)
-    plan_file = plan.save()
-    steps: list[dict[str, Any]] = []
-    for role, sha in (("--bad", bad_sha), ("--good", good_sha)):
-        git(plan.work, "checkout", "--quiet", "--detach", sha)
-        res = judge(plan)
-        res["role"] = role.lstrip("-")
-        steps.append(res)
-        _progress(len(steps), res, role)
-        if res["verdict"] == "skip":
-            raise BadInput(f"cannot judge the {role} revision {sha[:12]}: {res['reason']}")
-        if role == "--bad" and res["verdict"] == "good":
-            raise BadInput(f"the --bad revision {sha[:12]} does not fail: its build replay "
-                           f"of {_names(plan)} matches; nothing to bisect")
-        if role == "--good" and res["verdict"] == "bad":
-            d = res["divergence"]
-            raise BadInput(f"the --good revision {sha[:12]} fails too: "
-                           f"{os.path.basename(res['log'])} diverges at turn {d.get('turn')}, "
-                           f"{d.get('channel')}; give an older --good")
-    git(plan.work, "bisect", "start", bad_sha, good_sha)
-    first, candidates = _bisect_result(plan.work)
-    if first is None and not candidates:  # not adjacent: git bisect has something to test
-        output = _bisect_run(plan, plan_file, steps)
-        first, candidates = _bisect_result(plan.work)
-        if first is None and not candidates:
-            raise RuntimeError(f"git bisect run stopped without a result:\n{output[-2000:]}")
-    by_sha = {s["sha"]: s for s in steps}
-    out: dict[str, Any] = {"first_bad": None, "good": good_sha, "bad": bad_sha,
-                           "steps": steps, "divergence": None, "log": None,
-                           "seconds": round(time.monotonic() - t0, 3)}
-    if first is not None:
-        found = by_sha.get(first, {})
-        out.update(first_bad={"sha": first, "subject": subject(plan.work, first)},
-                   divergence=found.get("divergence"), log=found.get("log"))
-    else:
-        out["candidates"] = [{"sha": c, "subject": subject(plan.work, c),
-                              "reason": by_sha.get(c, {}).get("reason")} for c in candidates]
-    return out
-
-
-def _names(plan: Plan) -> str:
-    return ", ".join(os.path.basename(r.log) for r in plan.runs)
-
-
-def _bisect_run(plan: Plan, plan_file: Path, steps: list[dict[str, Any]]) -> str:
-    """``git bisect run`` with our step; each step's line is printed as it lands. What
-    git said is returned (the result itself is read from ``git bisect log``)."""
-    output = Path(plan.tmp) / "bisect-run.txt"
-    with open(output, "w") as sink:
-        proc = subprocess.Popen(
-            ["git", "bisect", "run", sys.executable, "-P", "-m", "stenograph.ci.bisect_step",
-             str(plan_file)], cwd=plan.work, env=git_env(), stdin=subprocess.DEVNULL,
-            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        seen = 0
-        try:
-            while True:
-                done = proc.poll() is not None
-                seen = _new_steps(plan, steps, seen)
-                if done:
-                    break
-                time.sleep(0.05)
-        except BaseException:
-            kill_group(proc, grace=10.0)  # the step ends its replay's group first
-            raise
-    error = Path(plan.tmp) / "step-error.txt"
-    if error.is_file():
-        raise RuntimeError("a bisect step failed:\n" + error.read_text())
-    return output.read_text(errors="replace")
-
-
-def _new_steps(plan: Plan, steps: list[dict[str, Any]], seen: int) -> int:
-    """Print and keep the steps the step processes have noted since the last look; a
-    line still being written (no newline yet) waits for the next look."""
-    if not plan.steps_file.is_file():
-        return seen
-    lines = plan.steps_file.read_text().split("\n")[:-1]
-    for line in lines[seen:]:
-        res = json.loads(line)
-        res["role"] = "bisect"
-        steps.append(res)
-        _progress(len(steps), res)
-    return len(lines)
 
 
 def _print(out: dict[str, Any], as_json: bool) -> None:

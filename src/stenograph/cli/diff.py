@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from stenograph.cli.show import open_input
 from stenograph.harness.divergence import analyze
+from stenograph.harness.source import open_input
 
 
 def _short(v: Any, width: int = 100) -> str:

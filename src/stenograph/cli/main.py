@@ -27,7 +27,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 LAZY = {
-    "record": "record", "replay": "record", "bisect": "bisect", "checkpoint": "checkpoint",
+    "record": "record", "replay": "replay", "bisect": "bisect", "checkpoint": "checkpoint",
     "resume": "resume", "regress": "regress", "status": "status", "settle": "status",
     "approve": "status", "deny": "status", "deliver": "status", "show": "show",
     "view": "view", "diff": "diff", "fork": "fork",

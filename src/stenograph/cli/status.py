@@ -14,28 +14,9 @@ from pathlib import Path
 
 import click
 
-from stenograph.recorder.effects import TrajectoryState, fold
 from stenograph.recorder.errors import BadInput
 from stenograph.recorder.inputs import traj_id
-from stenograph.recorder.leases import LocalLeases
-from stenograph.recorder.reader import StoreReader
-from stenograph.recorder.resumes import view
-from stenograph.recorder.store import writer_holds
-
-
-def states(store: Path, traj: str | None = None) -> list[TrajectoryState]:
-    if not (store / "wal").is_dir():
-        raise BadInput("not a store (no wal/ directory)", str(store))
-    reader = StoreReader(store)
-    alive = writer_holds(store)  # an exclusive writer: any trajectory may be moving
-    lease = LocalLeases(store).held_by_other()  # a worker's lease: its trajectory is
-    by_traj: dict[str, list] = {}
-    for ev in reader.events(traj=traj):
-        by_traj.setdefault(ev.traj, []).append(ev)
-    if traj is not None and traj not in by_traj:
-        raise BadInput(f"no trajectory {traj!r} in the store", str(store))
-    return [fold(t, view(evs), writer_alive=alive or (lease is not None and lease.traj == t))
-            for t, evs in sorted(by_traj.items())]
+from stenograph.recorder.resumes import states
 
 
 @click.command("status")

@@ -17,8 +17,7 @@ from typing import Any
 
 import click
 
-from stenograph.cli.show import open_input
-from stenograph.harness.source import Recording
+from stenograph.harness.source import Recording, open_input
 from stenograph.harness.viewer import DEFAULT_PAGE_SIZE, Run, page_count, render
 from stenograph.recorder.errors import BadInput
 from stenograph.recorder.inputs import output_file

@@ -2,7 +2,7 @@
 and the pointer to its parent.
 
 A fork at turn N replays its parent up to the moment the program sent its N-th model
-request and goes live from there (``cli_fork.py`` runs it, with the resume machinery).
+request and goes live from there (``runner/fork.py`` runs it, with the resume machinery).
 The prefix is every event before the turn's ``ContextBuilt`` marker (``cut_before``):
 the recorder drained every ring of the tree just before appending it, so the tape in
 the prefix is consistent up to the request (``recorder/resumes.py`` says why). With

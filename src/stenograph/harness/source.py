@@ -17,6 +17,7 @@ from stenograph.harness.trajectory import Trajectory, build
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import BadInput
+from stenograph.recorder.inputs import input_file
 from stenograph.recorder.reader import StoreReader, is_store
 from stenograph.recorder.resumes import view
 
@@ -78,3 +79,10 @@ def open_recording(path: str | Path, traj: str | None = None) -> Recording:
     if traj is not None and traj != tf.traj:
         raise BadInput(f"the file holds trajectory {tf.traj!r}, not {traj!r}", str(p))
     return Recording(str(p), tf.traj, tf.header, view(tf.events), tf.blobs)
+
+
+def open_input(path: str, traj: str | None) -> Recording:
+    """A recording named on a command line: a store, or a file checked as an input."""
+    if not is_store(Path(path)):
+        input_file(path)
+    return open_recording(path, traj)

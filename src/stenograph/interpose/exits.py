@@ -3,7 +3,7 @@ the ones ``recorder/errors.py`` documents for the CLI (and ``shim_c/steno_shim.h
 the shim's own divergence exit, ``tests/test_shim_constants.py`` checks they agree).
 
 A stop that needs a person prints nothing here when the recorder was told: the CLI
-prints the one line (``cli/lines.py``)."""
+prints the one line (``runner/lines.py``)."""
 
 from __future__ import annotations
 

@@ -227,3 +227,14 @@ class Authorizer:
         return {"target": target, "channel": channel, "decision": decision,
                 "reason": reason, "summary": summary, "policy": self.policy.version,
                 **self.budget.left()}
+
+
+def authorizer_for(policy_file: str | None, budget_tokens: int | None,
+                   budget_usd: float | None, prices_file: str | None) -> Authorizer | None:
+    """The ``Authorizer`` for a worker's options, or None (no checks, no cost)."""
+    if policy_file is None and budget_tokens is None and budget_usd is None:
+        if prices_file is not None:
+            raise BadInput("--prices needs --budget-usd")
+        return None
+    policy = Policy.load(policy_file) if policy_file else Policy()
+    return Authorizer(policy, Budget(budget_tokens, budget_usd, load_prices(prices_file)))

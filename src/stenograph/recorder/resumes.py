@@ -22,10 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from stenograph.recorder.codec import Event
 from stenograph.recorder.effects import TrajectoryState, fold
+from stenograph.recorder.errors import BadInput
+from stenograph.recorder.leases import LocalLeases
+from stenograph.recorder.reader import StoreReader
+from stenograph.recorder.store import writer_holds
 
 CUT_KINDS = frozenset({"Exchange", "ToolIntent", "ContextBuilt"})
 """Events appended after a drain of every ring: points the tape is consistent at
@@ -141,3 +146,21 @@ def settled_entry(intent: dict[str, Any], result: Any) -> dict[str, Any]:
                          "body": body, "chunks": [len(body)] if body else [],
                          "complete": True},
             "error": None}
+
+
+def states(store: Path, traj: str | None = None) -> list[TrajectoryState]:
+    """Each trajectory of ``store`` (or just ``traj``) folded to its state: ended, running
+    (a writer or a worker's lease holds it), or waiting for a resume, a person, a
+    settlement."""
+    if not (store / "wal").is_dir():
+        raise BadInput("not a store (no wal/ directory)", str(store))
+    reader = StoreReader(store)
+    alive = writer_holds(store)  # an exclusive writer: any trajectory may be moving
+    lease = LocalLeases(store).held_by_other()  # a worker's lease: its trajectory is
+    by_traj: dict[str, list] = {}
+    for ev in reader.events(traj=traj):
+        by_traj.setdefault(ev.traj, []).append(ev)
+    if traj is not None and traj not in by_traj:
+        raise BadInput(f"no trajectory {traj!r} in the store", str(store))
+    return [fold(t, view(evs), writer_alive=alive or (lease is not None and lease.traj == t))
+            for t, evs in sorted(by_traj.items())]

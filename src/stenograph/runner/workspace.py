@@ -7,7 +7,7 @@ workspace over the limits is refused before the program starts). The rules are r
 in ``RunStarted`` as they were applied, ``.stenoignore`` lines included.
 
 Replay: ``prepare`` restores the start snapshot of each root into the tape directory
-and returns the mounts ``launch.Seal`` makes in the replay's private mount namespace:
+and returns the mounts ``seal.Seal`` makes in the replay's private mount namespace:
 an overlay on each root whose lower layers are the restored tree and, beneath it, the
 live directory -- so what the rules left out (a virtualenv, caches, stenograph's own
 files) is the live one -- with a whiteout in the restored layer for every live entry
@@ -111,7 +111,7 @@ class WorkspaceMount:
 
 
 TEMP_ROOTS = ("/tmp", "/var/tmp")
-"""Directories every sealed replay overlays with scratch (``launch.seal_roots`` adds
+"""Directories every sealed replay overlays with scratch (``seal.seal_roots`` adds
 ``$TMPDIR``)."""
 
 

@@ -1,0 +1,41 @@
+"""Options several commands share: the policy and budget a live run is held to (record,
+resume), and the worker's lease."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+
+def policy_options(fn: Any) -> Any:
+    """``--policy``, ``--budget-tokens``, ``--budget-usd``, ``--prices`` (record, resume)."""
+    for opt in reversed([
+        click.option("--policy", "policy_file", type=click.Path(dir_okay=False),
+                     default=None, help="Rules (TOML or JSON) that allow, deny or hold for "
+                     "approval each model call and effect by its target (`METHOD URL`, "
+                     "`tool NAME`); see docs/crash-and-resume.md."),
+        click.option("--budget-tokens", type=click.IntRange(min=1), default=None,
+                     metavar="N", help="Stop the run (exit 6) before a model call or effect "
+                     "once its model replies used N tokens."),
+        click.option("--budget-usd", type=click.FloatRange(min=0, min_open=True),
+                     default=None, metavar="X", help="The same in dollars, by --prices."),
+        click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
+                     default=None, help="JSON {model: [usd per 1M input tokens, output]} "
+                     "over the built-in table."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def lease_option(fn: Any) -> Any:
+    return click.option("--lease-ttl", type=click.FloatRange(min=0.1), default=30.0,
+                        show_default=True, metavar="SECONDS",
+                        help="How long the worker's lease on the store lasts unrenewed: "
+                        "after that, a worker that stopped (killed, paused) can be taken "
+                        "over by `stenograph resume`.")(fn)
+
+
+def exit_code(status: int) -> int:
+    """The exit status that passes the program's on: its code, or 128 + its signal."""
+    return 128 - status if status < 0 else status

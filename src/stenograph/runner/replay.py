@@ -1,0 +1,213 @@
+"""Replay a recording: re-run its command (or another one) with the shim serving every
+recorded value, sealed, and judge it.
+
+A replay reports either the divergences the shim and the hooks found, or whether stdout,
+stderr and the exit status were bit-identical. A build replay (``build``) judges another
+build of the program the way ``runner/buildreplay.py`` says: model and tool calls,
+effects and the exit status strict, the incidental channels served while they fit.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stenograph.recorder.codec import Event
+from stenograph.recorder.errors import BadInput, CorruptLog
+from stenograph.recorder.resumes import view
+from stenograph.recorder.tape import describe, python_stacks, read_divergences, stream_records
+from stenograph.runner import buildreplay, prepare
+from stenograph.runner.launch import RunResult, run_under_shim
+from stenograph.runner.settings import Settings
+from stenograph.runner.shim import PROTOCOL
+
+
+@dataclass
+class ReplayRequest:
+    """What ``stenograph replay`` was asked."""
+
+    file: str
+    cmd: list[str] = field(default_factory=list)
+    """Another command to run (empty: the recorded one)."""
+    lenient: bool = False
+    passthrough: bool = True
+    """The program's output goes to ours (not with ``--json``)."""
+    allow_network: bool = False
+    unsealed: bool = False
+    keep_tape: Path | None = None
+    keep_writes: Path | None = None
+    live: list[str] = field(default_factory=list)
+    build: bool = False
+    compare_output: bool = False
+    code_globs: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    stop_at: str | None = None
+
+
+def check_request(req: ReplayRequest) -> None:
+    """Refuse bad combinations before anything is read or made."""
+    if req.build and req.lenient:
+        raise BadInput("--lenient and --build do not mix (build replay serves live values "
+                       "wherever the tape does not fit)")
+    if not req.build and (req.compare_output or req.code_globs or req.env):
+        raise BadInput("--compare-output, --code and --env need --build")
+    for name in req.env:
+        if name.startswith("STENO_"):
+            raise BadInput("--env wants NAME=VALUE (not a STENO_ variable)", name)
+    if req.keep_tape is not None:
+        kt = req.keep_tape
+        if kt.exists() and (not kt.is_dir() or any(kt.iterdir())):
+            raise BadInput("--keep-tape: not an empty directory (the tape is prepared in "
+                           "it, and nothing of yours may be mixed in or overlaid)",
+                           str(kt))
+    if req.keep_writes is not None:
+        if req.unsealed:
+            raise BadInput("--keep-writes needs a sealed replay (drop --unsealed)")
+        kw = req.keep_writes
+        if kw.exists() and (not kw.is_dir() or any(kw.iterdir())):
+            raise BadInput("--keep-writes: not an empty directory", str(kw))
+
+
+def load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[str, bytes]]:
+    """A complete recorded run: RunStarted's and RunEnded's bodies, the events (a resumed
+    run's as one run) and the blobs."""
+    from stenograph.recorder.trajfile import read_trajectory
+
+    tf = read_trajectory(path)
+    tf.events = view(tf.events)  # a resumed run: each resume's re-run edge dropped
+    started = next((e.body for e in tf.events if e.kind == "RunStarted"), None)
+    ended = next((e.body for e in tf.events if e.kind == "RunEnded"), None)
+    if started is None:
+        raise BadInput("not a recorded run (no RunStarted event)", path)
+    if ended is None:
+        raise CorruptLog("recorded run has no RunEnded event (recorder killed?)", path, 0)
+    if not isinstance(started.get("argv"), list) or not started["argv"]:
+        raise CorruptLog("RunStarted has no argv", path, 0)
+    return started, ended, tf.events, tf.blobs
+
+
+def replay(req: ReplayRequest) -> dict[str, Any]:
+    """Run the replay; its report (``divergences``, ``drift``, ``identical``...; a build
+    replay's as ``buildreplay.report`` makes it)."""
+    check_request(req)
+    file = req.file
+    started, ended, events, blobs = load(file)
+    if started.get("build_of") and not req.build:
+        raise BadInput("a fork of another build (its prefix was recorded by the parent's "
+                       "build): replay it with --build", file)
+    protocol = prepare.protocol(started, file, build=req.build)
+    recorded_argv = [str(a) for a in started["argv"]]
+    argv = prepare.here(list(req.cmd), started.get("cwd")) or recorded_argv
+    tape = req.keep_tape or Path(tempfile.mkdtemp(prefix="steno-tape-"))
+    try:
+        if req.keep_tape:
+            tape.mkdir(parents=True, exist_ok=True)
+            (tape / "divergence").unlink(missing_ok=True)
+        killed = prepare.killed_by(ended)
+        prepare.fill_tape(tape, started, events, blobs, protocol=protocol, killed=killed)
+        env = prepare.environ(started, file, req.env)
+        settings = Settings(
+            "replay", tape=tape,
+            build=req.build,  # and no loop tape: another build's ticks differ
+            asyncio=bool(started.get("asyncio")) and not req.build,
+            edited=argv != recorded_argv,  # another command: its own paths are not divergences
+            lenient=req.lenient, stop_at=req.stop_at, nonet=not req.allow_network)
+        if req.stop_at:
+            (tape / "stop").mkdir(exist_ok=True)
+            (tape / "stop" / "spec.json").write_text(json.dumps(started.get("workspace")))
+        ws = prepare.Workspace()
+        if not req.unsealed:
+            ws = prepare.restore_workspace(
+                tape, started, events, blobs,
+                live=[*req.live, *([a for a in argv if Path(a).exists()] if req.cmd else [])],
+                code_globs=req.code_globs if req.build else None)
+        cwd = started.get("cwd")
+        sealed_cwd = cwd if isinstance(cwd, str) and ws.mounts else None
+        if not isinstance(cwd, str) or not Path(cwd).is_dir():
+            cwd = None
+        if req.keep_writes is not None:
+            req.keep_writes.mkdir(parents=True, exist_ok=True)
+        cut = (ended.get("stdout_bytes"), ended.get("stderr_bytes"))
+        result = run_under_shim(
+            argv, settings.environ(env), cwd=cwd, passthrough=req.passthrough,
+            seal=None if req.unsealed else prepare.seal(
+                started, tape, hide=ended.get("tmp_created"), keep=[tape],
+                workspaces=ws.mounts, cwd=sealed_cwd, keep_writes=req.keep_writes),
+            cut=cut if killed and all(isinstance(n, int) for n in cut) else None,
+            stop_on=None if req.lenient else tape / "divergence")
+        if req.build:
+            report = buildreplay.report(file, tape, events, ended, result, argv,
+                                        req.compare_output)
+            if protocol is None:
+                report["notes"] = [f"recorded with shim protocol "
+                                   f"{prepare.recorded_protocol(started)}: its C tape is "
+                                   "not served (every clock, entropy and listing read ran "
+                                   "live)"]
+        else:
+            report = judge(file, tape, ended, result, argv)
+        if protocol is not None and protocol != PROTOCOL:
+            report.setdefault("notes", []).append(
+                f"recorded with shim protocol {prepare.recorded_protocol(started)}, read as "
+                f"protocol {PROTOCOL} (the records it no longer serves left out)")
+        if ws.secret_files:
+            report["secret_files"] = [n.to_json() for n in ws.secret_files]
+        return report
+    finally:  # (the values the hooks learnt go with the tape)
+        if not req.keep_tape:
+            shutil.rmtree(tape, ignore_errors=True)
+        if req.keep_writes is not None:  # overlayfs's work directories: nothing to keep
+            for w in req.keep_writes.glob(".work-*"):
+                shutil.rmtree(w, ignore_errors=True)
+
+
+def judge(file: str, tape: Path, ended: dict[str, Any], result: RunResult,
+          argv: list[str]) -> dict[str, Any]:
+    """A replay's report: the divergences (with the records before each, or the hook's
+    diff, and the Python stack that asked), the drift, and whether the output and the exit
+    status were identical -- up to the kill, for a run that was killed."""
+    found = read_divergences(tape)
+    divs, drift = [], []
+    stacks = python_stacks(tape)
+    for d in found:
+        entry = d.to_json()
+        if d.kind == "divergence" and d.proc in stacks:
+            entry["python_stack"] = stacks.pop(d.proc)
+        if d.kind == "divergence" and d.detail:
+            divs.append(entry)  # a Python hook's call: its report carries the diff
+        elif d.kind == "divergence":
+            before = stream_records(tape, d.proc, d.thread, d.channel)[max(0, d.pos - 5):d.pos]
+            entry["before"] = [describe(ch, op, p) for ch, op, p in before]
+            divs.append(entry)
+        else:
+            drift.append(entry)
+    same = {
+        "stdout": result.stdout_sha256 == ended.get("stdout_sha256"),
+        "stderr": result.stderr_sha256 == ended.get("stderr_sha256"),
+        "exit_status": result.status == ended.get("status"),
+    }
+    report: dict[str, Any] = {
+        "file": file,
+        "argv": argv,
+        "divergences": divs,
+        "drift": drift,
+        "exit_status": {"recorded": ended.get("status"), "replayed": result.status},
+        "identical": same,
+    }
+    killed = prepare.killed_by(ended)
+    if killed is not None:
+        # A kill lands between two taped calls; the replay ends at the next one, so it
+        # may print what the recorded run was killed before printing. What the recorded
+        # run printed must come out first, byte for byte.
+        past = {}
+        for name, prefix, n in (("stdout", result.stdout_prefix_sha256, result.stdout_bytes),
+                                ("stderr", result.stderr_prefix_sha256, result.stderr_bytes)):
+            recorded_n = ended.get(f"{name}_bytes")
+            if not same[name] and prefix is not None and prefix == ended.get(f"{name}_sha256"):
+                same[name] = True
+                past[name] = n - int(recorded_n or 0)
+        report["killed"] = {"signal": killed, "after_kill_bytes": past}
+    return report

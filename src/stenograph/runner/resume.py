@@ -1,0 +1,356 @@
+"""Resume a crashed run: replayed up to its crash, then live, into the same trajectory.
+
+The resume claims the trajectory (``LeaseAcquired``, epoch + 1: effects it sends carry
+the new fencing token), keeps what the crash left in the workspace as a ``pre-resume``
+checkpoint, and runs the recorded command again in a sealed namespace where each
+workspace root is an overlay of its start snapshot. Everything up to the cut
+(``recorder/resumes.py``) is served from the tape -- model replies, tool results, clocks,
+entropy; no model call is made, no effect sent -- and where the tape ends each process
+goes live (``shim_c/live.c``, ``PyTape.go_live``) and is recorded by a ``LiveSession``.
+An effect the crash left in doubt is settled when the program reaches it
+(``interpose/resume_plan.py``). The program's writes go into the real roots when it ends
+(``runner/writeback.py``); the run then ends as a recording does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stenograph.interpose import resume_plan
+from stenograph.recorder import keyshapes
+from stenograph.recorder.blobs import BlobRef, BlobStore
+from stenograph.recorder.checkpoints import Checkpointer
+from stenograph.recorder.codec import Event
+from stenograph.recorder.drift import signature, tool_calls_of
+from stenograph.recorder.errors import BadInput, StenographError
+from stenograph.recorder.exchanges import ExchangeServer
+from stenograph.recorder.reader import StoreReader
+from stenograph.recorder.resumes import ResumePlan, plan, settled_entry
+from stenograph.recorder.secretfiles import recorded_secrets, write_values
+from stenograph.recorder.snapshots import (
+    Cadence,
+    Limits,
+    Snapshotter,
+    load_manifest,
+    recorded_rules,
+    start_snapshot,
+)
+from stenograph.recorder.store import Store
+from stenograph.recorder.tape import read_divergences
+from stenograph.runner import prepare
+from stenograph.runner.seal import HeldSeal, seal_roots
+from stenograph.runner.session import LiveSession, sweep_dead_sockets
+from stenograph.runner.worker import Worker
+from stenograph.runner.workspace import WorkspaceMount
+from stenograph.runner.workspace import prepare as prepare_workspace
+from stenograph.runner.writeback import write_back
+
+
+@dataclass
+class ResumeRequest:
+    """What ``stenograph resume`` was asked."""
+
+    store: Path
+    traj: str
+    settle_http: str = "reissue"
+    """An HTTP effect in doubt: ``reissue`` it with its key, or ``escalate`` to a person."""
+    escalate: list[re.Pattern[str]] = field(default_factory=list)
+    drift: str = "cross"
+    authorizer: Any = None
+    lease_ttl: float = 30.0
+
+
+def resume(req: ResumeRequest) -> dict[str, Any]:
+    """Resume ``req.traj``; the outcome (``resumed``, ``status``, ``paused``,
+    ``divergences``, ``attention``, ``set_aside``...) for the CLI to report."""
+    store, traj = req.store, req.traj
+    if not (store / "wal").is_dir():
+        raise BadInput("not a store (no wal/ directory)", str(store))
+    events = list(StoreReader(store).events(traj=traj))
+    if not events:
+        raise BadInput(f"no trajectory {traj!r} in the store", str(store))
+    rp = plan(traj, events)
+    if rp.state.state == "ended":
+        return {"traj": traj, "resumed": False, "state": "ended",
+                "exit_status": rp.state.exit_status}
+    started = rp.started
+    if not isinstance(started.get("argv"), list) or not started["argv"]:
+        raise BadInput(f"{traj} has no RunStarted with a command: nothing to resume from",
+                       str(store))
+    prepare.protocol(started, str(store), offer_build=False)
+    worker = Worker(store, traj, rp.state.epoch + 1, req.lease_ttl)
+    try:
+        # read again now that this worker holds the store: nothing can be appended
+        # between this plan and the claim (a worker that lost its lease is fenced)
+        events = list(StoreReader(store).events(traj=traj))
+        rp = plan(traj, events)
+        if rp.state.state == "ended":
+            return {"traj": traj, "resumed": False, "state": "ended",
+                    "exit_status": rp.state.exit_status}
+        for d in rp.in_doubt:
+            url = d["target"].partition(" ")[2]
+            http = not d["target"].startswith("tool ")
+            d["settle"] = "person" if http and (req.settle_http == "escalate" or any(
+                p.search(url) for p in req.escalate)) else "reissue"
+        blobs = BlobStore(store / "blobs")
+        if req.authorizer is not None:  # what the prefix spent counts
+            for ev in rp.events:
+                if ev.kind == "Exchange" and ev.body.get("channel") == "model":
+                    ExchangeServer.spend_into(req.authorizer, ev.body, blobs)
+        out = _run(req, rp, worker, events, _drift_plan(rp, req.drift, blobs))
+    except StenographError:
+        lost = worker.fenced()
+        if lost is not None:
+            raise lost from None
+        raise
+    finally:
+        worker.close()
+    return {"traj": traj, "resumed": True, **out}
+
+
+def _body(value: Any, blobs: BlobStore) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    try:
+        return blobs.get(BlobRef.from_body(value))
+    except (OSError, KeyError, ValueError, StenographError, AttributeError):
+        return b""
+
+
+def _drift_plan(rp: ResumePlan, mode: str, blobs: BlobStore) -> dict[str, Any]:
+    """What a resumed program compares its live model calls with (``seam.drift_check``):
+    the recording's last model call, and the tools whose effects are in doubt."""
+    last, proposed = None, []
+    doubt = {d["call_id"] for d in rp.in_doubt}
+    tools: set[str] = {d["target"][5:] for d in rp.in_doubt if d["target"].startswith("tool ")}
+    for ev in rp.events:
+        if ev.kind == "Exchange" and ev.body.get("channel") == "model":
+            req, resp = ev.body.get("request") or {}, ev.body.get("response") or {}
+            reply = _body(resp.get("body"), blobs) if isinstance(resp, dict) else b""
+            last = signature(_body(req.get("body"), blobs), reply)
+            proposed = tool_calls_of(reply)
+        elif ev.kind == "ToolIntent" and ev.body.get("call_id") in doubt:
+            tools.update(proposed)
+    return {"mode": mode, "last": last.to_body() if last else None,
+            "in_doubt_tools": sorted(tools)}
+
+
+def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Event],
+         drift: dict[str, Any]) -> dict[str, Any]:
+    """Claim, restore, run; the outcome for the report."""
+    store, traj, started = req.store, req.traj, rp.started
+    tape = Path(tempfile.mkdtemp(prefix="steno-resume-"))
+    sweep_dead_sockets()
+    sock_dir = Path(tempfile.mkdtemp(prefix="steno-rec-"))
+    epoch = max(worker.epoch, rp.state.epoch + 1)
+    out: dict[str, Any] = {"epoch": epoch, "cut": rp.cut,
+                           "in_doubt": [d["call_id"] for d in rp.in_doubt]}
+    held: HeldSeal | None = None
+    try:
+        with Store(store, shared=True) as s:
+            s.append(traj, "LeaseAcquired", {"epoch": epoch, "pid": os.getpid(),
+                                             "host": os.uname().nodename, "by": "resume",
+                                             "resumed_at": rp.cut})
+            entries = []
+            for done in rp.settled_done:  # a person said it happened: the program gets
+                entry = settled_entry(done["intent"], done["settled"].get("result"))
+                s.append(traj, "Exchange", entry)
+                entries.append(entry)
+            prepare.fill_tape(tape, started, rp.events, BlobStore(store / "blobs"),
+                              protocol=prepare.protocol(started, str(store)),
+                              extra=[Event(0, traj, 1 << 60, None, "Exchange", e)
+                                     for e in entries])
+            keys = {str(e.body["idempotency_key"]): str(e.body.get("call_id"))
+                    for e in rp.events
+                    if e.kind == "ToolIntent" and e.body.get("idempotency_key")}
+            (tape / "py" / resume_plan.FILE).write_text(json.dumps(
+                {"in_doubt": {d["call_id"]: d for d in rp.in_doubt},
+                 "approvals": rp.approvals, "drift": drift, "keys": keys}))
+            sw = _seal_workspace(s, store, traj, rp, tape, all_events, out)
+            checkpoints = sw.checkpoints if sw is not None else None
+            held = HeldSeal(_seal(started, tape, sock_dir, store, sw), os.environ)
+            if sw is not None:  # checkpoints of what the program sees
+                sw.checkpoints.snap.read_from = held.view
+            session = LiveSession(s, traj, sock_dir, checkpoints=checkpoints,
+                                  authorizer=req.authorizer, worker=worker)
+            try:
+                _outcome(session, epoch, tape, started, held, out)
+            finally:
+                held.close()
+            if sw is not None and "divergences" not in out and worker.fenced() is None:
+                _write_back(sw, store, traj, epoch, out)
+            return out
+    finally:
+        if held is not None:
+            held.close()
+        shutil.rmtree(tape, ignore_errors=True)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _outcome(session: LiveSession, epoch: int, tape: Path, started: dict[str, Any],
+             held: HeldSeal, out: dict[str, Any]) -> None:
+    """Run the program in the sealed namespace; how it ended, into ``out``."""
+    t0 = time.monotonic()
+    cwd = started.get("cwd")
+    env = prepare.environ(started, str(session.store.path))
+    try:
+        result = session.run(
+            [str(a) for a in started["argv"]],
+            session.settings("replay", tape=tape, resume=True, epoch=epoch,
+                             asyncio=bool(started.get("asyncio"))), env,
+            cwd=cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None,
+            passthrough=True, held=held)
+    finally:
+        out["seconds"] = round(time.monotonic() - t0, 3)
+    out["status"] = result.status
+    divs = [d for d in read_divergences(tape) if d.kind == "divergence"]
+    attention = tape / resume_plan.ATTENTION
+    if attention.exists():
+        out["attention"] = json.loads(attention.read_text())
+        return
+    if divs:
+        out["divergences"] = [d.to_json() for d in divs]
+        return
+    if (h := session.held) is not None:
+        if h.paused_for is not None:
+            out["paused"] = h.paused_for
+            out["paused_call"] = h.paused_call
+        else:
+            out["stopped"] = h.stopped_for
+            out["stopped_at"] = h.stopped_at
+        return
+    session.ended(tmp_created={}, resumed=epoch)
+    out["ended"] = True
+
+
+def _seal(started: dict[str, Any], tape: Path, sock_dir: Path, store: Path,
+          sw: SealedWorkspace | None) -> Any:
+    """/tmp, /var/tmp and $TMPDIR as the run found them: what was made there since it
+    started is hidden (the replayed prefix makes the same names again), except the
+    directories this resume needs (the store, the working directory, its own); each
+    workspace root an overlay of its start snapshot, written in ``sw.writes``."""
+    before: Any = None
+    with contextlib.suppress(OSError, ValueError, AttributeError, StenographError):
+        before = json.loads(BlobStore(store / "blobs").get(
+            BlobRef.from_body(started.get("tmp_names"))))
+    needed = [os.path.realpath(p) for p in (tape, sock_dir, store,
+                                             str(started.get("cwd") or "/"))]
+    hide: dict[str, list[str]] = {}
+    for root in seal_roots(os.environ) if isinstance(before, dict) else []:
+        try:
+            names = set(os.listdir(root)) - set(before.get(root) or [])
+        except OSError:
+            continue
+        names = {n for n in names if not any(
+            p == os.path.join(root, n) or p.startswith(os.path.join(root, n) + "/")
+            for p in needed)}
+        if names:
+            hide[root] = sorted(names)
+    # the real directories stay the real ones where they lie under a temporary root:
+    # the store, the tape (a snapshotted workspace has its own overlay)
+    temps = seal_roots(os.environ)
+    under_temp = [os.path.realpath(r) for r in [str(store)] + (
+        [] if sw is not None else [r for r in recorded_rules(started) if os.path.isdir(r)])]
+    keep = [tape, sock_dir,
+            *(Path(r) for r in under_temp if any(r.startswith(t + "/") for t in temps))]
+    cwd = started.get("cwd")
+    return prepare.seal(started, tape, hide=hide, keep=keep,
+                        workspaces=sw.mounts if sw is not None else (),
+                        keep_writes=sw.writes if sw is not None else None,
+                        cwd=cwd if sw is not None and isinstance(cwd, str) else None)
+
+
+@dataclass
+class SealedWorkspace:
+    """The workspace a resume runs in: each recorded root an overlay of its start snapshot
+    (``workspace.prepare``), the program's writes collected in ``writes/<name>`` and put
+    into the real roots when it ends (``runner.writeback``)."""
+
+    mounts: list[WorkspaceMount]
+    roots: list[str]
+    writes: Path
+    checkpoints: Checkpointer
+    known: dict[str, dict[str, set[str]]]
+    """root -> relative path -> sha256 of every version the run had there (the start
+    snapshot's and the crashed run's checkpoints'): not set aside when replaced."""
+
+
+def _seal_workspace(s: Store, store: Path, traj: str, rp: ResumePlan, tape: Path,
+                    all_events: list[Event], out: dict[str, Any]) -> SealedWorkspace | None:
+    """What the crash left is snapshotted first (a ``pre-resume`` checkpoint: nothing in
+    it is lost whatever happens next); the start snapshot is restored under the tape for
+    the overlays. The real roots are not touched."""
+    snap = start_snapshot(rp.events)
+    ws = rp.started.get("workspace")
+    if snap is None or not isinstance(ws, dict):
+        return None
+    blobs = BlobStore(store / "blobs")
+    rules = recorded_rules(rp.started)
+    roots = [r for r in rules if os.path.isdir(r)]
+    limits = Limits(files=1 << 40, bytes=1 << 62)
+    secrets = recorded_secrets(rp.started, keyshapes.for_run(rp.started))
+    pre = Snapshotter(blobs, roots, rules, limits, secrets=secrets)
+    before = pre.take()
+    write_values(pre.secret_values, tape)  # the live files' secrets: the hooks learn them
+    s.append(traj, "Checkpoint", {
+        "at": "pre-resume", "turn": rp.state.turns, "covers_lsn": s.synced_lsn,
+        "snapshot": before.ref.to_body(), "files": before.files,
+        "bytes_added": before.bytes_added, "full": before.full,
+        "seconds": round(before.seconds, 6)}, durable=True)
+    manifest = load_manifest(blobs, snap)
+    mounts = prepare_workspace(manifest, blobs, rules, tape / "ws")
+    known: dict[str, dict[str, set[str]]] = {}
+    ran = [BlobRef.from_body(e.body["snapshot"]) for e in all_events
+           if e.kind == "Checkpoint" and e.body.get("at") not in ("pre-resume", "start")]
+    refs = [snap, *ran[-3:]]
+    for ref in refs:
+        with contextlib.suppress(OSError, KeyError, ValueError, StenographError):
+            m = load_manifest(blobs, ref)
+            for root, tree in m.trees.items():
+                for rel, e in tree.items():
+                    if e.kind == "f":
+                        known.setdefault(root, {}).setdefault(rel, set()).add(e.sha256)
+    checkpoints = Checkpointer(s, traj, Snapshotter(blobs, list(manifest.roots), rules, limits,
+                                                    secrets=secrets), Cadence())
+    checkpoints.turns = rp.state.turns
+    writes = tape / "writes"
+    writes.mkdir()
+    out["workspace_sealed"] = len(mounts)
+    return SealedWorkspace(mounts, list(manifest.roots), writes, checkpoints, known)
+
+
+def _write_back(sw: SealedWorkspace, store: Path, traj: str, epoch: int,
+                out: dict[str, Any]) -> None:
+    """The resumed program's writes into the real roots; what was in their way set aside
+    under ``STORE/set-aside/TRAJ/e<epoch>/``."""
+    aside_base = store / "set-aside" / traj / f"e{epoch}"
+    written = removed = 0
+    aside: list[str] = []
+    for m in sw.mounts:
+        upper = sw.writes / m.name
+        if not upper.is_dir():
+            continue
+        for root in (r for r in sw.roots if r == m.target or r.startswith(m.target + "/")):
+            # an overlay mounted on an ancestor (the root was gone) holds the root under it
+            src = upper / os.path.relpath(root, m.target) if root != m.target else upper
+            if not src.is_dir():
+                continue
+            known = sw.known.get(root, {})
+            done = write_back(src, root, aside_base / m.name,
+                              lambda rel, k=known: k.get(rel, set()))
+            written += done.written
+            removed += done.removed
+            aside += [os.path.join(root, p) for p in done.set_aside]
+    out["workspace_written"] = written
+    out["workspace_removed"] = removed
+    if aside:
+        out["set_aside"] = {"dir": str(aside_base), "paths": aside}

@@ -1,0 +1,58 @@
+"""The lease a worker (record, resume) holds on its store while its program runs.
+
+Renewed by a heartbeat (``recorder/leases.py``); when another worker takes the trajectory
+over (this one was paused past its lease), the program is killed at once and the run ends
+fenced (exit 8)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from stenograph.recorder.errors import StoreFenced
+from stenograph.recorder.leases import Heartbeat, LocalLeases
+from stenograph.recorder.reader import is_store
+from stenograph.recorder.store import init_store
+from stenograph.runner.lines import fenced_line
+
+
+class Worker:
+    """This worker's lease on ``traj`` at ``epoch``, renewed until ``close``."""
+
+    def __init__(self, store: Path, traj: str, epoch: int, ttl: float) -> None:
+        if not is_store(store):  # the lease lives in the store: make it first
+            init_store(store)
+        self.store = store
+        self.leases = LocalLeases(store)
+        self.lease = self.leases.acquire(traj, epoch, ttl)
+        self.proc: Any = None
+        self.lost_to: Any = None
+        self.heartbeat = Heartbeat(self.leases, self.lease, ttl, self._lost)
+
+    @property
+    def epoch(self) -> int:
+        return self.lease.epoch
+
+    def started(self, proc: Any) -> None:
+        """The program's process: killed if the lease is lost."""
+        self.proc = proc
+
+    def _lost(self, now: Any) -> None:
+        self.lost_to = now
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+
+    def fenced(self) -> StoreFenced | None:
+        """The error to end with if the lease was lost, else None."""
+        if not self.heartbeat.is_lost:
+            return None
+        who = self.lost_to
+        by = f" by pid {who.pid} on {who.host} at epoch {who.epoch}" if who else ""
+        return StoreFenced(fenced_line(
+            str(self.store), self.lease.traj, f"lost the lease on {self.lease.traj}: taken "
+            f"over{by} while this worker was not renewing it; this worker stopped"), None)
+
+    def close(self) -> None:
+        self.heartbeat.close()
