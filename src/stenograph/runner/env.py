@@ -6,16 +6,20 @@ from __future__ import annotations
 
 from stenograph.interpose.redact import REDACTED, RedactionRules
 from stenograph.recorder.keyshapes import KeyShapes
+from stenograph.runner.settings import USER_SETTINGS
 
 
 def recorded_env(environ: dict[str, str], shapes: KeyShapes | None = None) -> dict[str, str]:
     """The program's whole environment as recorded: the replay restores exactly this, so
     e.g. ``OPENAI_BASE_URL`` (part of every request fingerprint) is the recorded one. A
     secret-named variable's value, a URL's password, a value in a known key's shape and
-    copies of any of them are redacted."""
+    copies of any of them are redacted. The user's hook settings are kept (a replay in a
+    shell without them must see the calls as the recording did); the harness's own
+    variables are not."""
     rules = RedactionRules.from_env(environ, [], shapes)
     return {k: rules.env_value(k, v) for k, v in environ.items()
-            if not k.startswith("STENO_") and k != "LD_PRELOAD"}
+            if (not k.startswith("STENO_") or k.startswith(USER_SETTINGS))
+            and k != "LD_PRELOAD"}
 
 
 def recorded_argv(argv: list[str], environ: dict[str, str],

@@ -16,9 +16,12 @@ from pathlib import Path
 from stenograph.runner.pyenv import hook_env
 from stenograph.runner.shim import shim_path
 
-USER_SETTINGS = ("STENO_REDACT_", "STENO_EFFECT_URLS", "STENO_READONLY_URLS")
+USER_SETTINGS = ("STENO_REDACT_", "STENO_MODEL_URLS", "STENO_EFFECT_URLS",
+                 "STENO_READONLY_URLS")
 """``STENO_*`` variables a user sets for the hooks (docs/record-your-agent.md): passed on
-(the shim hides them from the program like the rest); every other one is the harness's."""
+(the shim hides them from the program like the rest) and recorded with the environment,
+since they decide which calls are model calls and which are effects; every other one is
+the harness's."""
 
 
 def base_env() -> dict[str, str]:
