@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all demo test bench lint clean
+.PHONY: all demo test bench soak lint clean
 
 all: test
 
@@ -49,6 +49,9 @@ soak: $(STAMP)
 	    $(BIN)/pytest -q tests/test_frameworks.py
 	STENO_SNAPSHOT_EXAMPLES=500 $(BIN)/pytest -q tests/test_snapshots.py
 	STENO_CRASH_TRIALS=1000 $(BIN)/pytest -q tests/test_resume.py -k crash_anywhere
+	STENO_KILL_TRIALS=100 $(BIN)/pytest -q tests/test_kill.py
+	STENO_THREAD_RUNS=3x10 $(BIN)/pytest -q tests/test_threads.py
+	STENO_ASYNC_RUNS=3x10 $(BIN)/pytest -q tests/test_asyncio_loop.py
 	STENO_PAY_TRIALS=150 STENO_PAY_BOUNDARIES=all $(BIN)/pytest -q tests/test_payments_agent.py
 	for i in 1 2 3 4 5 6 7 8 9 10; do STENO_SIGNAL_SOAK=1 $(BIN)/pytest -q tests/test_signals.py -k itimer || exit 1; done
 

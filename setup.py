@@ -18,7 +18,8 @@ setup(
             depends=[f"shim_c/{name}" for name in (
                 "steno_shim.h", "shim.h", "core.c", "clock.c", "entropy.c", "io.c",
                 "identity.c", "wait.c", "dirents.c", "threads.c", "seccomp.c", "init.c",
-                "proc.c", "ring.c", "syscall.c", "pyctl.c", "wrapped.def", "signals.c", "netif.c", "live.c", "build.c",
+                "proc.c", "ring.c", "syscall.c", "pyctl.c", "wrapped.def", "signals.c",
+                "netif.c", "live.c", "build.c", "overrides.c",
             )],
             include_dirs=["shim_c"],
             extra_compile_args=[

@@ -137,25 +137,26 @@ static inline int clock_gettime_at(uintptr_t ra, clockid_t id, struct timespec *
     t->live_deadline = 0;
     t->site = SITE_OF(ra);
     int32_t arg = (int32_t)id;
-    if (g_mode == MODE_REPLAY) {
-        uint32_t n;
-        const unsigned char *p = serve(t, CH_CLOCK, OP_CLOCK_GETTIME, &arg, 4, &n);
-        if (LIKELY(p != NULL)) {
-            clockrec_t r;
-            memcpy(&r, p, sizeof r);
-            if (r.rc) { errno = -r.rc; return -1; }
-            ts->tv_sec = r.a;
-            ts->tv_nsec = r.b;
-            if ((unsigned)id < 16) g_served_ns[id] = r.a * 1000000000LL + r.b;
-            return 0;
-        }
-        if (!WENT_LIVE()) {
-            int rc = real_clock_gettime(id, ts);
-            if (UNLIKELY(g_build) && !rc) clock_shift(id, ts);
-            return rc;
-        }
+    served_t s;
+    int rc;
+    switch (tape_step(t, CH_CLOCK, OP_CLOCK_GETTIME, &arg, 4, &s)) {
+    case STEP_SERVED: {
+        clockrec_t r;
+        memcpy(&r, s.p, sizeof r);
+        if (r.rc) { errno = -r.rc; return -1; }
+        ts->tv_sec = r.a;
+        ts->tv_nsec = r.b;
+        if ((unsigned)id < 16) g_served_ns[id] = r.a * 1000000000LL + r.b;
+        return 0;
     }
-    int rc = real_clock_gettime(id, ts);
+    case STEP_LIVE:
+        rc = real_clock_gettime(id, ts);
+        if (UNLIKELY(g_build) && !rc) clock_shift(id, ts);
+        return rc;
+    case STEP_RECORD:
+        break;
+    }
+    rc = real_clock_gettime(id, ts);
     if (UNLIKELY(g_clock_shift) && !rc) clock_shift(id, ts);
     clockrec_t r = {arg, rc ? -errno : 0, rc ? 0 : ts->tv_sec, rc ? 0 : ts->tv_nsec};
     rec_clock(t, OP_CLOCK_GETTIME, &r);
@@ -168,26 +169,16 @@ EXPORT int __clock_gettime(clockid_t id, struct timespec *ts) {
     return clock_gettime_at(RETURN_ADDRESS(), id, ts);
 }
 
-/* Shared path for the clock ops that are not clock_gettime. */
-static int clock_other(uint16_t site, int op, int32_t arg, int64_t *a, int64_t *b, int *served) {
+/* The clock ops that are not clock_gettime: the step, with the record when served; the
+ * wrapper makes the call unless served, and tapes it (clock_rec) when the step says so. */
+static step_t clock_step(uint16_t site, int op, int32_t arg, clockrec_t *r) {
     tls_t *t = me();
     t->site = site;
     t->live_deadline = 0;
-    *served = 0;
-    if (g_mode == MODE_REPLAY) {
-        uint32_t n;
-        const unsigned char *p = serve(t, CH_CLOCK, op, &arg, 4, &n);
-        if (p) {
-            clockrec_t r;
-            memcpy(&r, p, sizeof r);
-            *a = r.a;
-            *b = r.b;
-            *served = 1;
-            return r.rc;
-        }
-        return 0;
-    }
-    return 0;
+    served_t s;
+    step_t step = tape_step(t, CH_CLOCK, op, &arg, 4, &s);
+    if (step == STEP_SERVED) memcpy(r, s.p, sizeof *r);
+    return step;
 }
 
 static void clock_rec(uint16_t site, int op, int32_t arg, int32_t rc, int64_t a, int64_t b) {
@@ -200,15 +191,15 @@ static void clock_rec(uint16_t site, int op, int32_t arg, int32_t rc, int64_t a,
 EXPORT int gettimeofday(struct timeval *tv, void *tz) {
     RESOLVE(gettimeofday);
     if (!CLOCK_ACTIVE() || (void *)tv == g_null) return real_gettimeofday(tv, tz);
-    int64_t a = 0, b = 0;
-    int served;
-    int rc = clock_other(CALL_SITE(), OP_GETTIMEOFDAY, 0, &a, &b, &served);
-    if (served) {
+    uint16_t site = CALL_SITE();
+    clockrec_t c;
+    step_t step = clock_step(site, OP_GETTIMEOFDAY, 0, &c);
+    if (step == STEP_SERVED) {
         if (tz) memset(tz, 0, sizeof(struct timezone));
-        if (rc) { errno = -rc; return -1; }
-        tv->tv_sec = a;
-        tv->tv_usec = b;
-        g_served_ns[CLOCK_REALTIME] = a * 1000000000LL + b * 1000;
+        if (c.rc) { errno = -c.rc; return -1; }
+        tv->tv_sec = c.a;
+        tv->tv_usec = c.b;
+        g_served_ns[CLOCK_REALTIME] = c.a * 1000000000LL + c.b * 1000;
         return 0;
     }
     int r = real_gettimeofday(tv, tz);
@@ -218,20 +209,20 @@ EXPORT int gettimeofday(struct timeval *tv, void *tz) {
         tv->tv_sec = ts.tv_sec;
         tv->tv_usec = ts.tv_nsec / 1000;
     }
-    if (g_mode == MODE_RECORD) clock_rec(CALL_SITE(), OP_GETTIMEOFDAY, 0, r ? -errno : 0, tv->tv_sec, tv->tv_usec);
+    if (step == STEP_RECORD) clock_rec(site, OP_GETTIMEOFDAY, 0, r ? -errno : 0, tv->tv_sec, tv->tv_usec);
     return r;
 }
 
 EXPORT time_t time(time_t *out) {
     RESOLVE(time);
     if (!CLOCK_ACTIVE()) return real_time(out);
-    int64_t a = 0, b = 0;
-    int served;
-    clock_other(CALL_SITE(), OP_TIME, 0, &a, &b, &served);
-    if (served) {
-        if (out) *out = (time_t)a;
-        g_served_ns[CLOCK_REALTIME] = a * 1000000000LL;
-        return (time_t)a;
+    uint16_t site = CALL_SITE();
+    clockrec_t c;
+    step_t step = clock_step(site, OP_TIME, 0, &c);
+    if (step == STEP_SERVED) {
+        if (out) *out = (time_t)c.a;
+        g_served_ns[CLOCK_REALTIME] = c.a * 1000000000LL;
+        return (time_t)c.a;
     }
     time_t v = real_time(out);
     if (UNLIKELY(g_clock_shift)) {
@@ -240,34 +231,34 @@ EXPORT time_t time(time_t *out) {
         v = ts.tv_sec;
         if (out) *out = v;
     }
-    if (g_mode == MODE_RECORD) clock_rec(CALL_SITE(), OP_TIME, 0, 0, v, 0);
+    if (step == STEP_RECORD) clock_rec(site, OP_TIME, 0, 0, v, 0);
     return v;
 }
 
 EXPORT int timespec_get(struct timespec *ts, int base) {
     RESOLVE(timespec_get);
     if (!CLOCK_ACTIVE()) return real_timespec_get(ts, base);
-    int64_t a = 0, b = 0;
-    int served;
-    int rc = clock_other(CALL_SITE(), OP_TIMESPEC_GET, base, &a, &b, &served);
-    if (served) {
-        if (rc) { ts->tv_sec = a; ts->tv_nsec = b; }
-        return rc;
+    uint16_t site = CALL_SITE();
+    clockrec_t c;
+    step_t step = clock_step(site, OP_TIMESPEC_GET, base, &c);
+    if (step == STEP_SERVED) {
+        if (c.rc) { ts->tv_sec = c.a; ts->tv_nsec = c.b; }
+        return c.rc;
     }
     int r = real_timespec_get(ts, base);
     if (UNLIKELY(g_clock_shift) && r == TIME_UTC) clock_shift(CLOCK_REALTIME, ts);
-    if (g_mode == MODE_RECORD) clock_rec(CALL_SITE(), OP_TIMESPEC_GET, base, r, r ? ts->tv_sec : 0, r ? ts->tv_nsec : 0);
+    if (step == STEP_RECORD) clock_rec(site, OP_TIMESPEC_GET, base, r, r ? ts->tv_sec : 0, r ? ts->tv_nsec : 0);
     return r;
 }
 
 EXPORT clock_t clock(void) {
     RESOLVE(clock);
     if (!CLOCK_ACTIVE()) return real_clock();
-    int64_t a = 0, b = 0;
-    int served;
-    clock_other(CALL_SITE(), OP_CLOCK, 0, &a, &b, &served);
-    if (served) return (clock_t)a;
+    uint16_t site = CALL_SITE();
+    clockrec_t c;
+    step_t step = clock_step(site, OP_CLOCK, 0, &c);
+    if (step == STEP_SERVED) return (clock_t)c.a;
     clock_t v = real_clock();
-    if (g_mode == MODE_RECORD) clock_rec(CALL_SITE(), OP_CLOCK, 0, 0, v, 0);
+    if (step == STEP_RECORD) clock_rec(site, OP_CLOCK, 0, 0, v, 0);
     return v;
 }

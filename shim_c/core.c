@@ -50,6 +50,12 @@ static void shim_unmap(void *p, size_t len) {
     RS2(SYS_munmap, p, (len + 4095) & ~(size_t)4095);
 }
 
+/* A raw syscall's result as libc gives it: -1 and errno for -errno. */
+static long sys_ret(long r) {
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    return r;
+}
+
 /* T.inshim brackets every critical section; the signal fences keep the compiler from
  * moving the lock or stream accesses outside the bracket (a handler runs on this thread). */
 static inline void inshim_enter(void) {
@@ -597,4 +603,27 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
     else if (!g_lenient) diverged();
     inshim_leave();
     return NULL;
+}
+
+/* ------------------------------------------------------------------ the one decision */
+
+/* What a taped call does, decided here, in one order, for every wrapper that tapes: under
+ * record it is made and taped; under replay the next record of its stream is served when
+ * it is this call (serve() reports a divergence otherwise); when nothing is served the
+ * call runs live and untaped (a build replay's miss, a lenient replay past a divergence,
+ * meta's off-tape calls), unless the process just went live at the end of a resumed
+ * prefix (live.c): then it is made and taped as under record. A wrapper computes its
+ * arguments, asks once, and switches on the answer. */
+typedef enum { STEP_SERVED, STEP_LIVE, STEP_RECORD } step_t;
+typedef struct {
+    const unsigned char *p; /* STEP_SERVED: the record's payload */
+    uint32_t n;             /* its length */
+} served_t;
+
+static inline step_t tape_step(tls_t *t, int ch, int op, const void *args, uint32_t argn,
+                               served_t *out) {
+    if (LIKELY(g_mode == MODE_RECORD)) return STEP_RECORD;
+    out->p = serve(t, ch, op, args, argn, &out->n);
+    if (out->p) return STEP_SERVED;
+    return g_mode == MODE_RECORD ? STEP_RECORD : STEP_LIVE;
 }

@@ -193,16 +193,9 @@ static int listing_same(DIR *live, int32_t err, const unsigned char *q, uint32_t
     return names_eq(l, r);
 }
 
-/* Replay: check path, serve the recorded listing, report a different live one as drift. */
-static DIR *listing_replay(tls_t *t, const char *path, DIR *live, int live_err) {
-    unsigned char args[2 + 1024];
-    uint16_t pl = (uint16_t)s_len(path);
-    if (pl > 1024) pl = 1024;
-    memcpy(args, &pl, 2); memcpy(args + 2, path, pl);
-    uint32_t n;
-    const unsigned char *p = serve(t, CH_DIRENTS, OP_OPENDIR, args, 2u + pl, &n);
-    if (!p) return (DIR *)-1; /* lenient, or gone live (resume): the caller opens it live */
-    const unsigned char *q = p + 2 + pl;
+/* Replay: the recorded listing `q` (after the path) served; a different live one reported
+ * as drift. (DIR *)-1: a build replay whose live directory differs lists it live. */
+static DIR *listing_served(tls_t *t, const char *path, DIR *live, const unsigned char *q) {
     int32_t err; uint32_t count;
     memcpy(&err, q, 4); memcpy(&count, q + 4, 4); q += 8;
     if (UNLIKELY(g_build) && !listing_same(live, err, q, count)) {
@@ -214,7 +207,6 @@ static DIR *listing_replay(tls_t *t, const char *path, DIR *live, int live_err) 
         errno = err;
         return NULL;
     }
-    (void)live_err;
     DIR *d = live ? live : real_opendir("/");
     if (!d) { errno = EIO; return NULL; }
     dslot_t *s = dslot_new(d);
@@ -250,14 +242,22 @@ static DIR *dir_common(const char *path, DIR *live, int live_err) {
     tls_t *t = me();
     t->guard++;
     DIR *out = live;
-    if (g_mode == MODE_REPLAY) {
-        out = listing_replay(t, path, live, live_err);
-        if (out == (DIR *)-1) {
-            out = live;
-            if (!live) errno = live_err;
-            else { dslot_t *s = dslot_new(live); if (s && !live_listing(s, live)) s->d = NULL; }
-        }
-    } else {
+    unsigned char args[2 + 1024];
+    uint16_t pl = (uint16_t)s_len(path);
+    if (pl > 1024) pl = 1024;
+    memcpy(args, &pl, 2); memcpy(args + 2, path, pl);
+    served_t got;
+    switch (tape_step(t, CH_DIRENTS, OP_OPENDIR, args, 2u + pl, &got)) {
+    case STEP_SERVED:
+        out = listing_served(t, path, live, got.p + 2 + pl);
+        if (out != (DIR *)-1) break;
+        out = live; /* fall through: listed live */
+        __attribute__((fallthrough));
+    case STEP_LIVE:
+        if (!live) errno = live_err;
+        else { dslot_t *s = dslot_new(live); if (s && !live_listing(s, live)) s->d = NULL; }
+        break;
+    case STEP_RECORD: {
         dslot_t tmp = {0};
         dslot_t *s = live ? dslot_new(live) : &tmp;
         if (s && live) {
@@ -266,6 +266,8 @@ static DIR *dir_common(const char *path, DIR *live, int live_err) {
         }
         listing_record(t, s ? s : &tmp, path, live ? 0 : live_err);
         if (!live) errno = live_err;
+        break;
+    }
     }
     t->guard--;
     return out;

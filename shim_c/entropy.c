@@ -18,25 +18,23 @@ static ssize_t entropy_chunk(uint16_t site, int op, void *buf, uint32_t size, ui
     uint32_t args[2] = {size, flags};
     int gr = op == OP_GETRANDOM || op == OP_GETRANDOM_RAW;
     uint32_t argn = gr ? 8 : 4;
-    if (g_mode == MODE_REPLAY) {
-        uint32_t n;
-        const unsigned char *p = serve(t, CH_ENTROPY, op, args, argn, &n);
-        if (p) {
-            int32_t rc;
-            memcpy(&rc, p + argn, 4);
-            uint32_t hdr = gr ? sizeof(randrec_t) : sizeof(entrec_t);
-            if (rc < 0) { errno = -rc; return -1; }
-            uint32_t give = op == OP_GETENTROPY ? size : (uint32_t)rc;
-            if (give > n - hdr) give = n - hdr;
-            memcpy(buf, p + hdr, give);
-            return op == OP_GETENTROPY ? 0 : rc;
-        }
+    served_t s;
+    step_t step = tape_step(t, CH_ENTROPY, op, args, argn, &s);
+    if (step == STEP_SERVED) {
+        int32_t rc;
+        memcpy(&rc, s.p + argn, 4);
+        uint32_t hdr = gr ? sizeof(randrec_t) : sizeof(entrec_t);
+        if (rc < 0) { errno = -rc; return -1; }
+        uint32_t give = op == OP_GETENTROPY ? size : (uint32_t)rc;
+        if (give > s.n - hdr) give = s.n - hdr;
+        memcpy(buf, s.p + hdr, give);
+        return op == OP_GETENTROPY ? 0 : rc;
     }
     long r;
     if (op == OP_RANDOM_READ) r = RS3(SYS_read, fd, buf, size);
     else r = RS3(SYS_getrandom, buf, size, op == OP_GETENTROPY ? 0 : flags);
     if (op == OP_GETENTROPY && r >= 0 && (uint32_t)r != size) r = -EIO;
-    if (g_mode == MODE_RECORD) {
+    if (step == STEP_RECORD) {
         int32_t rc = is_err(r) ? (int32_t)r : (op == OP_GETENTROPY ? 0 : (int32_t)r);
         uint32_t data = is_err(r) ? 0 : (uint32_t)r;
         randrec_t h = {size, flags, rc, 0};
@@ -127,117 +125,4 @@ static int is_random_path(const char *p) {
     if (!p) return 0;
     if (starts(p, "/dev/")) return !strcmp(p + 5, "urandom") || !strcmp(p + 5, "random");
     return starts(p, kr) && (!strcmp(p + sizeof kr - 1, "uuid") || !strcmp(p + sizeof kr - 1, "boot_id"));
-}
-
-static int open_common(int dirfd, const char *path, int flags, mode_t mode) {
-    long fd = RS4(SYS_openat, dirfd, path, flags, mode);
-    if (is_err(fd)) { errno = (int)-fd; return -1; }
-    if (g_mode && is_random_path(path)) rfd_set((int)fd, 1);
-    else if (g_mode) rfd_set((int)fd, 0);
-    return (int)fd;
-}
-
-#define OPEN_MODE(flags) \
-    mode_t mode = 0; \
-    if ((flags) & (O_CREAT | __O_TMPFILE)) { va_list ap; va_start(ap, flags); mode = va_arg(ap, mode_t); va_end(ap); }
-
-EXPORT int open(const char *path, int flags, ...) { OPEN_MODE(flags); return open_common(AT_FDCWD, path, flags, mode); }
-EXPORT int open64(const char *path, int flags, ...) { OPEN_MODE(flags); return open_common(AT_FDCWD, path, flags, mode); }
-EXPORT int openat(int d, const char *path, int flags, ...) { OPEN_MODE(flags); return open_common(d, path, flags, mode); }
-EXPORT int openat64(int d, const char *path, int flags, ...) { OPEN_MODE(flags); return open_common(d, path, flags, mode); }
-EXPORT int __open_2(const char *path, int flags) { return open_common(AT_FDCWD, path, flags, 0); }
-EXPORT int __open64_2(const char *path, int flags) { return open_common(AT_FDCWD, path, flags, 0); }
-EXPORT int __openat_2(int d, const char *path, int flags) { return open_common(d, path, flags, 0); }
-EXPORT int __openat64_2(int d, const char *path, int flags) { return open_common(d, path, flags, 0); }
-
-static ssize_t cookie_read(void *c, char *buf, size_t n) {
-    return read((int)(intptr_t)c, buf, n);
-}
-static int cookie_close(void *c) { return close((int)(intptr_t)c); }
-
-static FILE *fopen_random(const char *path, const char *mode) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return NULL;
-    cookie_io_functions_t io = {cookie_read, NULL, NULL, cookie_close};
-    FILE *f = fopencookie((void *)(intptr_t)fd, mode, io);
-    if (!f) close(fd);
-    return f;
-}
-
-EXPORT FILE *fopen(const char *path, const char *mode) {
-    RESOLVE(fopen);
-    if (g_mode && is_random_path(path) && mode && mode[0] == 'r' && !strchr(mode, '+'))
-        return fopen_random(path, mode);
-    return real_fopen(path, mode);
-}
-EXPORT FILE *fopen64(const char *path, const char *mode) {
-    RESOLVE(fopen64);
-    if (g_mode && is_random_path(path) && mode && mode[0] == 'r' && !strchr(mode, '+'))
-        return fopen_random(path, mode);
-    return real_fopen64(path, mode);
-}
-
-/* glibc's mkstemp family draws its names from a getrandom inside libc, which no wrapper
- * sees (and a syscall instruction in libc's text, which a filter cannot trap safely: it
- * outlives exec). So while taped these make the names themselves, from getrandom()
- * (taped): git's probe files, a C tool's scratch file get their recorded names. The
- * shape is glibc's: six trailing X's (before `suffix` bytes), 62 letters, EEXIST draws
- * again. */
-enum { TMP_FILE, TMP_DIR, TMP_NAME };
-
-static int tempname(char *tmpl, int suffix, int flags, int kind) {
-    static const char abc[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    size_t len = tmpl ? strlen(tmpl) : 0;
-    if (suffix < 0 || len < 6 + (size_t)suffix || strspn(tmpl + len - 6 - suffix, "X") < 6) {
-        errno = EINVAL;
-        return -1;
-    }
-    char *x = tmpl + len - 6 - suffix;
-    for (int tries = 0; tries < 62 * 62 * 62; tries++) {
-        unsigned char r[6];
-        if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) return -1;
-        for (int i = 0; i < 6; i++) x[i] = abc[r[i] % 62];
-        if (kind == TMP_FILE) {
-            int fd = open_common(AT_FDCWD, tmpl, (flags & ~O_ACCMODE) | O_RDWR | O_CREAT | O_EXCL,
-                                 0600);
-            if (fd >= 0 || errno != EEXIST) return fd;
-            continue;
-        }
-        struct stat st;
-        long e = kind == TMP_DIR ? RS3(SYS_mkdirat, AT_FDCWD, tmpl, 0700)
-                                 : RS4(SYS_newfstatat, AT_FDCWD, tmpl, &st, AT_SYMLINK_NOFOLLOW);
-        if (kind == TMP_NAME) e = e == -ENOENT ? 0 : is_err(e) ? e : -EEXIST;
-        if (e != -EEXIST) {
-            if (!is_err(e)) return 0;
-            errno = (int)-e;
-            return -1;
-        }
-    }
-    errno = EEXIST;
-    return -1;
-}
-
-EXPORT int mkostemps(char *t, int suffix, int flags) {
-    RESOLVE(mkostemps);
-    return ACTIVE() ? tempname(t, suffix, flags, TMP_FILE) : real_mkostemps(t, suffix, flags);
-}
-EXPORT int mkstemp(char *t) { return mkostemps(t, 0, 0); }
-EXPORT int mkstemp64(char *t) { return mkostemps(t, 0, 0); }
-EXPORT int mkostemp(char *t, int flags) { return mkostemps(t, 0, flags); }
-EXPORT int mkostemp64(char *t, int flags) { return mkostemps(t, 0, flags); }
-EXPORT int mkstemps(char *t, int suffix) { return mkostemps(t, suffix, 0); }
-EXPORT int mkstemps64(char *t, int suffix) { return mkostemps(t, suffix, 0); }
-EXPORT int mkostemps64(char *t, int suffix, int flags) { return mkostemps(t, suffix, flags); }
-
-EXPORT char *mkdtemp(char *t) {
-    RESOLVE(mkdtemp);
-    if (!ACTIVE()) return real_mkdtemp(t);
-    return tempname(t, 0, 0, TMP_DIR) == 0 ? t : NULL;
-}
-
-EXPORT char *mktemp(char *t) {
-    RESOLVE(mktemp);
-    if (!ACTIVE()) return real_mktemp(t);
-    if (tempname(t, 0, 0, TMP_NAME) < 0 && t) t[0] = 0;
-    return t;
 }

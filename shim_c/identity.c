@@ -70,18 +70,22 @@ static pid_t pid_rec(pid_t live) {
 /* getpid, getppid, gettid: payload i32 value */
 static int32_t ident(int op, int32_t live) {
     tls_t *t = me();
-    if (g_mode == MODE_REPLAY) {
-        uint32_t n;
-        const unsigned char *p = serve(t, CH_IDENTITY, op, NULL, 0, &n);
-        if (p && n >= 4) {
-            int32_t v; memcpy(&v, p, 4);
+    served_t s;
+    switch (tape_step(t, CH_IDENTITY, op, NULL, 0, &s)) {
+    case STEP_SERVED:
+        if (s.n >= 4) {
+            int32_t v; memcpy(&v, s.p, 4);
             if (op == OP_GETTID) pid_learn(v, live);
             return v;
         }
+        return live;
+    case STEP_LIVE:
         /* build replay, a miss: still the recorded numbering, or a program comparing its
          * pid with one it saw before (asyncio's running loop, os.register_at_fork users)
          * would find another process */
-        if (!WENT_LIVE()) return g_build ? pid_rec(live) : live;
+        return g_build ? pid_rec(live) : live;
+    case STEP_RECORD:
+        break;
     }
     live = pid_rec(live); /* gone live after a resumed prefix: the pids it served stay */
     rec(t, CH_IDENTITY, op, &live, 4);
@@ -151,109 +155,44 @@ static long pid_query(int op, int nr, pid_t pid) {
     if (!ACTIVE()) return is_err(r) ? r : pid_rec((pid_t)r);
     tls_t *t = me();
     pidq_t q = {pid, (int32_t)r};
-    if (g_mode == MODE_RECORD) { rec(t, CH_IDENTITY, op, &q, sizeof q); return r; }
-    uint32_t n;
-    const unsigned char *p = serve(t, CH_IDENTITY, op, &q.pid, 4, &n);
-    if (!p && WENT_LIVE()) {
-        q.result = (int32_t)(is_err(r) ? r : pid_rec((pid_t)r));
-        rec(t, CH_IDENTITY, op, &q, sizeof q);
+    served_t s;
+    switch (tape_step(t, CH_IDENTITY, op, &q.pid, 4, &s)) {
+    case STEP_SERVED:
+        memcpy(&q, s.p, sizeof q);
+        if (q.result > 0 && !is_err(r)) pid_learn(q.result, (pid_t)r);
         return q.result;
+    case STEP_LIVE:
+        return is_err(r) ? r : pid_rec((pid_t)r);
+    case STEP_RECORD:
+        break;
     }
-    if (!p) return is_err(r) ? r : pid_rec((pid_t)r);
-    memcpy(&q, p, sizeof q);
-    if (q.result > 0 && !is_err(r)) pid_learn(q.result, (pid_t)r);
+    q.result = (int32_t)(is_err(r) ? r : pid_rec((pid_t)r)); /* gone live: still recorded pids */
+    rec(t, CH_IDENTITY, op, &q, sizeof q);
     return q.result;
 }
-static inline long sys_ret_l(long r) {
-    if (is_err(r)) { errno = (int)-r; return -1; }
-    return r;
-}
-EXPORT pid_t getpgid(pid_t pid) { return (pid_t)sys_ret_l(pid_query(OP_GETPGID, SYS_getpgid, pid)); }
+EXPORT pid_t getpgid(pid_t pid) { return (pid_t)sys_ret(pid_query(OP_GETPGID, SYS_getpgid, pid)); }
 EXPORT pid_t getpgrp(void) { return getpgid(0); }
-EXPORT pid_t getsid(pid_t pid) { return (pid_t)sys_ret_l(pid_query(OP_GETSID, SYS_getsid, pid)); }
-
-/* Calls handed a pid back: at replay the recorded pid becomes the live one. */
-EXPORT int kill(pid_t pid, int sig) {
-    pid_t live = pid_live(pid);
-    if (sig > 0 && (live == 0 || live < -1)) group_kill_note(live ? -live : RS1(SYS_getpgid, 0), sig);
-    return (int)sys_ret_l(RS2(SYS_kill, live, sig));
-}
-EXPORT int killpg(pid_t pg, int sig) {
-    if (pg < 0) { errno = EINVAL; return -1; }
-    return kill(pg ? -pg : 0, sig);
-}
-EXPORT int tgkill(pid_t tgid, pid_t tid, int sig) {
-    return (int)sys_ret_l(RS3(SYS_tgkill, pid_live(tgid), pid_live(tid), sig));
-}
-EXPORT int sigqueue(pid_t pid, int sig, const union sigval val) {
-    RESOLVE(sigqueue);
-    return real_sigqueue(pid_live(pid), sig, val);
-}
-EXPORT int pidfd_open(pid_t pid, unsigned int flags) {
-    return (int)sys_ret_l(RS2(SYS_pidfd_open, pid_live(pid), flags));
-}
-EXPORT int setpgid(pid_t pid, pid_t pgid) {
-    return (int)sys_ret_l(RS2(SYS_setpgid, pid_live(pid), pid_live(pgid)));
-}
-static id_t prio_who(int which, id_t who) {
-    return which == PRIO_PROCESS || which == PRIO_PGRP ? (id_t)pid_live((pid_t)who) : who;
-}
-EXPORT int getpriority(__priority_which_t which, id_t who) {
-    long r = RS2(SYS_getpriority, which, prio_who(which, who));
-    if (is_err(r)) { errno = (int)-r; return -1; }
-    return 20 - (int)r; /* the kernel answers 20 - nice, as glibc undoes */
-}
-EXPORT int setpriority(__priority_which_t which, id_t who, int prio) {
-    return (int)sys_ret_l(RS3(SYS_setpriority, which, prio_who(which, who), prio));
-}
-EXPORT int prlimit(pid_t pid, __rlimit_resource_t res, const struct rlimit *nl, struct rlimit *ol) {
-    return (int)sys_ret_l(RS4(SYS_prlimit64, pid_live(pid), res, nl, ol));
-}
-EXPORT int prlimit64(pid_t pid, __rlimit_resource_t res, const struct rlimit64 *nl, struct rlimit64 *ol) {
-    return (int)sys_ret_l(RS4(SYS_prlimit64, pid_live(pid), res, nl, ol));
-}
-EXPORT int sched_setaffinity(pid_t pid, size_t size, const cpu_set_t *set) {
-    return (int)sys_ret_l(RS3(SYS_sched_setaffinity, pid_live(pid), size, set));
-}
-EXPORT int sched_getaffinity(pid_t pid, size_t size, cpu_set_t *set) {
-    long r = RS3(SYS_sched_getaffinity, pid_live(pid), size, set);
-    if (is_err(r)) { errno = (int)-r; return -1; }
-    if ((size_t)r < size) memset((char *)set + r, 0, size - (size_t)r); /* as glibc does */
-    return 0;
-}
-EXPORT int sched_setscheduler(pid_t pid, int policy, const struct sched_param *sp) {
-    return (int)sys_ret_l(RS3(SYS_sched_setscheduler, pid_live(pid), policy, sp));
-}
-EXPORT int sched_getscheduler(pid_t pid) {
-    return (int)sys_ret_l(RS1(SYS_sched_getscheduler, pid_live(pid)));
-}
-EXPORT int sched_setparam(pid_t pid, const struct sched_param *sp) {
-    return (int)sys_ret_l(RS2(SYS_sched_setparam, pid_live(pid), sp));
-}
-EXPORT int sched_getparam(pid_t pid, struct sched_param *sp) {
-    return (int)sys_ret_l(RS2(SYS_sched_getparam, pid_live(pid), sp));
-}
-EXPORT int sched_rr_get_interval(pid_t pid, struct timespec *ts) {
-    return (int)sys_ret_l(RS2(SYS_sched_rr_get_interval, pid_live(pid), ts));
-}
+EXPORT pid_t getsid(pid_t pid) { return (pid_t)sys_ret(pid_query(OP_GETSID, SYS_getsid, pid)); }
 
 EXPORT int gethostname(char *name, size_t len) {
     RESOLVE(gethostname);
     if (!ACTIVE()) return real_gethostname(name, len);
     tls_t *t = me();
     uint32_t size = (uint32_t)len;
-    if (g_mode == MODE_REPLAY) {
-        uint32_t n;
-        const unsigned char *p = serve(t, CH_IDENTITY, OP_GETHOSTNAME, &size, 4, &n);
-        if (p) {
-            hostrec_t h;
-            memcpy(&h, p, sizeof h);
-            if (h.rc) { errno = -h.rc; return -1; }
-            if (h.n > len) h.n = (uint32_t)len;
-            memcpy(name, p + sizeof h, h.n);
-            return 0;
-        }
-        if (!WENT_LIVE()) return real_gethostname(name, len);
+    served_t s;
+    switch (tape_step(t, CH_IDENTITY, OP_GETHOSTNAME, &size, 4, &s)) {
+    case STEP_SERVED: {
+        hostrec_t h;
+        memcpy(&h, s.p, sizeof h);
+        if (h.rc) { errno = -h.rc; return -1; }
+        if (h.n > len) h.n = (uint32_t)len;
+        memcpy(name, s.p + sizeof h, h.n);
+        return 0;
+    }
+    case STEP_LIVE:
+        return real_gethostname(name, len);
+    case STEP_RECORD:
+        break;
     }
     int r = real_gethostname(name, len);
     hostrec_t h = {size, r ? -errno : 0, 0};
@@ -267,16 +206,20 @@ EXPORT int uname(struct utsname *u) {
     RESOLVE(uname);
     if (!ACTIVE()) return real_uname(u);
     tls_t *t = me();
-    if (g_mode == MODE_REPLAY) {
-        uint32_t n;
-        const unsigned char *p = serve(t, CH_IDENTITY, OP_UNAME, NULL, 0, &n);
-        if (p && n >= 4 + sizeof *u) {
-            int32_t rc; memcpy(&rc, p, 4);
+    served_t s;
+    switch (tape_step(t, CH_IDENTITY, OP_UNAME, NULL, 0, &s)) {
+    case STEP_SERVED:
+        if (s.n >= 4 + sizeof *u) {
+            int32_t rc; memcpy(&rc, s.p, 4);
             if (rc) { errno = -rc; return -1; }
-            memcpy(u, p + 4, sizeof *u);
+            memcpy(u, s.p + 4, sizeof *u);
             return 0;
         }
-        if (!WENT_LIVE()) return real_uname(u);
+        return real_uname(u);
+    case STEP_LIVE:
+        return real_uname(u);
+    case STEP_RECORD:
+        break;
     }
     int r = real_uname(u);
     int32_t rc = r ? -errno : 0;

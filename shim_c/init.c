@@ -2,7 +2,7 @@
  * filter, tape procinfo; at exit, ship everything and wait for the recorder. */
 
 static void resolve_all(void) {
-#define REAL(name, ret, params, ch, op) RESOLVE(name);
+#define REAL(name, ret, params) RESOLVE(name);
 #include "wrapped.def"
 }
 

@@ -88,23 +88,22 @@ _Static_assert(sizeof(iowait_t) == 12, "OP_IO_WAIT payload: i32 options | i32 re
 static ssize_t io_read(int fd, void *buf, size_t n) {
     tls_t *t = me();
     uint32_t asked = n > 0x7fffffff ? 0x7fffffff : (uint32_t)n;
-    if (g_mode == MODE_RECORD) {
-        long r = RS3(SYS_read, fd, buf, n);
+    served_t s;
+    long r;
+    switch (tape_step(t, CH_IO, OP_IO_READ, &asked, 4, &s)) {
+    case STEP_RECORD: {
+        r = RS3(SYS_read, fd, buf, n);
         ioread_t out = {asked, (int32_t)r};
         rec(t, CH_IO, OP_IO_READ, &out, sizeof out);
-        if (is_err(r)) { errno = (int)-r; return -1; }
-        return r;
+        return sys_ret(r);
     }
-    uint32_t plen;
-    const unsigned char *p = serve(t, CH_IO, OP_IO_READ, &asked, 4, &plen);
-    if (!p && WENT_LIVE()) return io_read(fd, buf, n);
-    if (!p) {
-        long r = RS3(SYS_read, fd, buf, n);
-        if (is_err(r)) { errno = (int)-r; return -1; }
-        return r;
+    case STEP_LIVE:
+        return sys_ret(RS3(SYS_read, fd, buf, n));
+    case STEP_SERVED:
+        break;
     }
     int32_t want;
-    memcpy(&want, p + offsetof(ioread_t, result), 4);
+    memcpy(&want, s.p + offsetof(ioread_t, result), 4);
     if (want < 0) { errno = -want; return -1; }  /* EAGAIN, EINTR...: as recorded */
     size_t got = 0;
     for (;;) {
@@ -158,25 +157,28 @@ static void reap_live(tls_t *t, int ch, pid_t rpid, int options, struct rusage *
 static pid_t io_wait4(pid_t pid, int *status, int options, struct rusage *ru) {
     tls_t *t = me();
     int32_t opt = options;
-    if (g_mode == MODE_RECORD) {
+    served_t s;
+    switch (tape_step(t, CH_IO, OP_IO_WAIT, &opt, 4, &s)) {
+    case STEP_RECORD: {
         int st = 0;
-        long r = RS4(SYS_wait4, pid, &st, options, ru);
+        long r = RS4(SYS_wait4, pid_live(pid), &st, options, ru);
+        if (!is_err(r)) r = pid_rec((pid_t)r); /* gone live: still recorded pids */
         iowait_t out = {opt, (int32_t)r, st};
         rec(t, CH_IO, OP_IO_WAIT, &out, sizeof out);
         if (is_err(r)) { errno = (int)-r; return -1; }
         if (status && r > 0) *status = st;
         return (pid_t)r;
     }
-    uint32_t plen;
-    const unsigned char *p = serve(t, CH_IO, OP_IO_WAIT, &opt, 4, &plen);
-    if (!p && WENT_LIVE()) return io_wait4(pid_live(pid), status, options, ru);
-    if (!p) {
+    case STEP_LIVE: {
         long r = RS4(SYS_wait4, pid_live(pid), status, options, ru);
         if (is_err(r)) { errno = (int)-r; return -1; }
         return pid_rec((pid_t)r);
     }
+    case STEP_SERVED:
+        break;
+    }
     iowait_t w;
-    memcpy(&w, p, sizeof w);
+    memcpy(&w, s.p, sizeof w);
     if (w.result == 0) return 0;
     if (w.result < 0) { errno = -w.result; return -1; }
     reap_live(t, CH_IO, w.result, options, ru);
@@ -187,23 +189,26 @@ static pid_t io_wait4(pid_t pid, int *status, int options, struct rusage *ru) {
 static pid_t wait_blocking(pid_t pid, int *status, int options, struct rusage *ru) {
     tls_t *t = me();
     waitrec_t w = {pid, options, 0, 0};
-    if (g_mode == MODE_RECORD) {
-        long r = RS4(SYS_wait4, pid, &w.status, options, ru);
+    served_t s;
+    switch (tape_step(t, CH_IDENTITY, OP_WAIT, &w, 8, &s)) {
+    case STEP_RECORD: {
+        long r = RS4(SYS_wait4, pid_live(pid), &w.status, options, ru);
+        if (!is_err(r)) r = pid_rec((pid_t)r); /* gone live: still recorded pids */
         w.result = (int32_t)r;
         rec(t, CH_IDENTITY, OP_WAIT, &w, sizeof w);
         if (is_err(r)) { errno = (int)-r; return -1; }
         if (status) *status = w.status;
         return (pid_t)r;
     }
-    uint32_t plen;
-    const unsigned char *p = serve(t, CH_IDENTITY, OP_WAIT, &w, 8, &plen);
-    if (!p && WENT_LIVE()) return wait_blocking(pid_live(pid), status, options, ru);
-    if (!p) {
+    case STEP_LIVE: {
         long r = RS4(SYS_wait4, pid_live(pid), status, options, ru);
         if (is_err(r)) { errno = (int)-r; return -1; }
         return pid_rec((pid_t)r);
     }
-    memcpy(&w, p, sizeof w);
+    case STEP_SERVED:
+        break;
+    }
+    memcpy(&w, s.p, sizeof w);
     if (w.result < 0) { errno = -w.result; return -1; } /* EINTR, ECHILD: as recorded */
     if (w.result > 0) reap_live(t, CH_IDENTITY, w.result, options, ru);
     if (status && w.result > 0) *status = w.status;
@@ -244,8 +249,11 @@ static int waitid_taped(idtype_t idtype, id_t id, siginfo_t *info, int options) 
     }
     tls_t *t = me();
     waitidrec_t w = {(int32_t)idtype, (int32_t)id, options, 0, 0, 0, 0, 0};
-    if (g_mode == MODE_RECORD) {
-        long r = RS6(SYS_waitid, idtype, id, &si, options, NULL, 0);
+    served_t s;
+    switch (tape_step(t, CH_IDENTITY, OP_WAITID, &w, 12, &s)) {
+    case STEP_RECORD: {
+        long r = RS6(SYS_waitid, idtype, lid, &si, options, NULL, 0);
+        if (si.si_pid) si.si_pid = pid_rec(si.si_pid); /* gone live: still recorded pids */
         w.rc = (int32_t)r;
         if (!is_err(r)) { w.pid = si.si_pid; w.code = si.si_code; w.status = si.si_status; w.uid = (int32_t)si.si_uid; }
         rec(t, CH_IDENTITY, OP_WAITID, &w, sizeof w);
@@ -253,17 +261,17 @@ static int waitid_taped(idtype_t idtype, id_t id, siginfo_t *info, int options) 
         if (info) *info = si;
         return 0;
     }
-    uint32_t plen;
-    const unsigned char *p = serve(t, CH_IDENTITY, OP_WAITID, &w, 12, &plen);
-    if (!p && WENT_LIVE()) return waitid_taped(idtype, id, info, options);
-    if (!p) {
+    case STEP_LIVE: {
         long r = RS6(SYS_waitid, idtype, lid, &si, options, NULL, 0);
         if (is_err(r)) { errno = (int)-r; return -1; }
         if (si.si_pid) si.si_pid = pid_rec(si.si_pid);
         if (info) *info = si;
         return 0;
     }
-    memcpy(&w, p, sizeof w);
+    case STEP_SERVED:
+        break;
+    }
+    memcpy(&w, s.p, sizeof w);
     if (w.rc < 0) { errno = -w.rc; return -1; }
     if (w.pid > 0) {
         pid_t lp = pid_live(w.pid);
@@ -304,7 +312,9 @@ static int io_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     memcpy(a + 4, &nf, 4);
     for (nfds_t i = 0; i < nfds; i++) memcpy(a + 8 + 2 * i, &fds[i].events, 2);
     uint32_t argn = 8 + 2 * (uint32_t)nfds;
-    if (g_mode == MODE_RECORD) {
+    served_t s;
+    switch (tape_step(t, CH_IO, OP_IO_POLL, a, argn, &s)) {
+    case STEP_RECORD: {
         long r = RS3(SYS_poll, fds, nfds, timeout);
         unsigned char out[4 + 2 * IO_POLL_MAX];
         int32_t res = (int32_t)r;
@@ -314,10 +324,12 @@ static int io_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
         if (is_err(r)) { errno = (int)-r; return -1; }
         return (int)r;
     }
-    uint32_t plen;
-    const unsigned char *p = serve(t, CH_IO, OP_IO_POLL, a, argn, &plen);
-    if (!p && WENT_LIVE()) return io_poll(fds, nfds, timeout);
-    if (!p) return real_poll(fds, nfds, timeout);
+    case STEP_LIVE:
+        return real_poll(fds, nfds, timeout);
+    case STEP_SERVED:
+        break;
+    }
+    const unsigned char *p = s.p;
     int32_t res;
     memcpy(&res, p + argn, 4);
     if (res < 0) { errno = -res; return -1; }

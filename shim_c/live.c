@@ -7,10 +7,10 @@
  * thread of the process has parked -- or a Python hook finds its own tape exhausted and
  * calls steno_go_live -- the process goes live: clocks are shifted so they do not run
  * backwards (clock.c), the mode becomes record, parked threads and threads waiting for a
- * recorded grant wake, and each finishes the call it was in as record does (WENT_LIVE in
- * every wrapper), taping it. From there the process is recorded like any other, its
- * streams continuing at the positions the prefix reached, so a later resume (or replay)
- * serves the prefix and this continuation as one tape.
+ * recorded grant wake, and each finishes the call it was in as record does (tape_step
+ * answers STEP_RECORD to every wrapper), taping it. From there the process is recorded
+ * like any other, its streams continuing at the positions the prefix reached, so a later
+ * resume (or replay) serves the prefix and this continuation as one tape.
  *
  * A thread that never reaches the end of its tape (blocked in a call the shim does not
  * see) would keep the others parked: after LIVE_WAIT_MS the process goes live anyway. */

@@ -160,7 +160,7 @@ static int meta_call(int op, int dirfd, const char *path, void *buf, int flags, 
     /* addresses below 4096 (NULL): let the kernel answer EFAULT, untaped (the prototypes are
      * nonnull, so a plain NULL test could be compiled away) */
     if (!ACTIVE() || (uintptr_t)path < 4096 || (uintptr_t)buf < 4096)
-        return (int)sys_ret_l(meta_live(op, dirfd, path, buf, flags, mask));
+        return (int)sys_ret(meta_live(op, dirfd, path, buf, flags, mask));
     tls_t *t = me();
     uint32_t sz = op == OP_STATX ? (uint32_t)sizeof(struct statx) : (uint32_t)sizeof(struct stat);
     unsigned char a[16 + META_PATHMAX];
@@ -177,7 +177,17 @@ static int meta_call(int op, int dirfd, const char *path, void *buf, int flags, 
     }
     memcpy(a + hdr, path, pl);
     uint32_t argn = hdr + pl;
-    if (g_mode == MODE_RECORD) {
+    if (g_mode == MODE_REPLAY && (UNLIKELY(g_offtape) ||
+        (UNLIKELY(edited()) && !g_build && meta_other_path(t, op, a, hdr, argn))))
+        return (int)sys_ret(meta_live(op, dirfd, path, buf, flags, mask));
+    size_t at_off = t->st[CH_META].off;
+    uint32_t at_pos = t->st[CH_META].pos;
+    served_t got;
+    t_soft = 1; /* a divergence here is reported; the process goes on, metadata live */
+    step_t step = tape_step(t, CH_META, op, a, argn, &got);
+    t_soft = 0;
+    switch (step) {
+    case STEP_RECORD: {
         long r = meta_live(op, dirfd, path, buf, flags, mask);
         unsigned char out[sizeof(metares_t) + sizeof(struct statx)];
         metares_t m = {dirfd, is_err(r) ? (int32_t)r : 0};
@@ -185,31 +195,28 @@ static int meta_call(int op, int dirfd, const char *path, void *buf, int flags, 
         uint32_t on = sizeof m;
         if (!m.rc) { memcpy(out + on, buf, sz); on += sz; }
         rec2(t, CH_META, op, a, argn, out, on);
-        return (int)sys_ret_l(is_err(r) ? r : 0);
+        return (int)sys_ret(is_err(r) ? r : 0);
     }
-    if (UNLIKELY(g_offtape) ||
-        (UNLIKELY(edited()) && !g_build && meta_other_path(t, op, a, hdr, argn)))
-        return (int)sys_ret_l(meta_live(op, dirfd, path, buf, flags, mask));
-    uint32_t n;
-    size_t at_off = t->st[CH_META].off;
-    uint32_t at_pos = t->st[CH_META].pos;
-    t_soft = 1; /* a divergence here is reported; the process goes on, metadata live */
-    const unsigned char *p = serve(t, CH_META, op, a, argn, &n);
-    t_soft = 0;
-    if (!p && WENT_LIVE()) return meta_call(op, dirfd, path, buf, flags, mask);
-    if (!p || n < argn + sizeof(metares_t))
-        return (int)sys_ret_l(meta_live(op, dirfd, path, buf, flags, mask));
+    case STEP_LIVE:
+        return (int)sys_ret(meta_live(op, dirfd, path, buf, flags, mask));
+    case STEP_SERVED:
+        break;
+    }
+    const unsigned char *p = got.p;
+    uint32_t n = got.n;
+    if (n < argn + sizeof(metares_t))
+        return (int)sys_ret(meta_live(op, dirfd, path, buf, flags, mask));
     metares_t m;
     memcpy(&m, p + argn, sizeof m);
     const unsigned char *rb = p + argn + sizeof m;
     if (!m.rc && n < argn + sizeof m + sz)
-        return (int)sys_ret_l(meta_live(op, dirfd, path, buf, flags, mask));
+        return (int)sys_ret(meta_live(op, dirfd, path, buf, flags, mask));
     if (UNLIKELY(g_build) && !meta_same_file(op, m.rc, rb, dirfd, path, buf, flags, mask)) {
         /* another file's record (an fstat's arguments do not name the file): left for
          * the call it belongs to */
         t->st[CH_META].off = at_off;
         t->st[CH_META].pos = at_pos;
-        return (int)sys_ret_l(meta_live(op, dirfd, path, buf, flags, mask));
+        return (int)sys_ret(meta_live(op, dirfd, path, buf, flags, mask));
     }
     if (g_drift && !g_build) meta_check(t, op, a, argn, m.rc, rb, dirfd, path, flags, mask);
     if (m.rc < 0) { errno = -m.rc; return -1; }

@@ -42,23 +42,27 @@ static int netif_ioctl(int fd, unsigned long req, void *arg) {
     if (!arg) return (int)sys_ret(RS3(SYS_ioctl, fd, req, arg));
     if (conf) h.in = ifc->ifc_buf ? (uint32_t)ifc->ifc_len : UINT32_MAX;
     else memcpy(h.name, ifr->ifr_name, sizeof h.name);
-    if (g_mode == MODE_REPLAY) {
-        uint32_t n;
-        const unsigned char *p = serve(t, CH_IDENTITY, OP_NETIF_IOCTL, &h, 24, &n);
-        if (p && n >= sizeof h) {
+    served_t s;
+    switch (tape_step(t, CH_IDENTITY, OP_NETIF_IOCTL, &h, 24, &s)) {
+    case STEP_SERVED:
+        if (s.n >= sizeof h) {
             netifrec_t r;
-            memcpy(&r, p, sizeof r);
+            memcpy(&r, s.p, sizeof r);
             if (r.rc < 0) { errno = -r.rc; return -1; }
-            uint32_t got = r.n <= n - sizeof h ? r.n : n - (uint32_t)sizeof h;
+            uint32_t got = r.n <= s.n - sizeof h ? r.n : s.n - (uint32_t)sizeof h;
             if (conf) {
-                if (ifc->ifc_buf) memcpy(ifc->ifc_buf, p + sizeof h, got);
+                if (ifc->ifc_buf) memcpy(ifc->ifc_buf, s.p + sizeof h, got);
                 ifc->ifc_len = (int)(ifc->ifc_buf ? got : r.n);
             } else {
-                memcpy(ifr, p + sizeof h, got < sizeof *ifr ? got : sizeof *ifr);
+                memcpy(ifr, s.p + sizeof h, got < sizeof *ifr ? got : sizeof *ifr);
             }
             return r.rc;
         }
-        if (!WENT_LIVE()) return (int)sys_ret(RS3(SYS_ioctl, fd, req, arg));
+        return (int)sys_ret(RS3(SYS_ioctl, fd, req, arg));
+    case STEP_LIVE:
+        return (int)sys_ret(RS3(SYS_ioctl, fd, req, arg));
+    case STEP_RECORD:
+        break;
     }
     long r = RS3(SYS_ioctl, fd, req, arg);
     h.rc = (int32_t)r;

@@ -72,20 +72,23 @@ static long child_pid(tls_t *t, int op, long live, int *rcp) {
     int32_t v[2] = {rcp ? *rcp : 0, (int32_t)live};
     int32_t *res = op == OP_FORK ? &v[1] : v;
     uint32_t len = op == OP_FORK ? 4 : 8;
-    if (g_mode == MODE_RECORD) {
-        rec(t, CH_IDENTITY, op, res, len);
-    } else {
-        uint32_t n;
-        const unsigned char *p = serve(t, CH_IDENTITY, op, NULL, 0, &n);
-        if (p && n >= len) {
+    served_t s;
+    switch (tape_step(t, CH_IDENTITY, op, NULL, 0, &s)) {
+    case STEP_SERVED:
+        if (s.n >= len) {
             int32_t r[2] = {0, 0};
-            memcpy(op == OP_FORK ? &r[1] : r, p, len);
+            memcpy(op == OP_FORK ? &r[1] : r, s.p, len);
             if (r[1] > 0 && live > 0) pid_learn(r[1], (pid_t)live);
             if (rcp) *rcp = r[0];
             if (op == OP_FORK && r[1] < 0) { errno = -r[1]; return -1; }
             return r[1];
         }
-        if (WENT_LIVE()) rec(t, CH_IDENTITY, op, res, len);
+        break;
+    case STEP_LIVE:
+        break;
+    case STEP_RECORD:
+        rec(t, CH_IDENTITY, op, res, len);
+        break;
     }
     if (op == OP_FORK && live < 0) { errno = (int)-live; return -1; }
     return live;

@@ -48,11 +48,10 @@ EXPORT int steno_tape_put(int op, const void *p, uint32_t n) {
  * is copied to out (at most cap bytes). Returns its length, or -1 (lenient, nothing). */
 EXPORT int steno_tape_get(int op, void *out, uint32_t cap) {
     if (g_mode != MODE_REPLAY || op != OP_LOOP_TICK) return -1;
-    uint32_t n;
-    const unsigned char *p = serve(me(), CH_WAIT, op, NULL, 0, &n);
-    if (!p) return -1;
-    memcpy(out, p, n < cap ? n : cap);
-    return (int)n;
+    served_t s;
+    if (tape_step(me(), CH_WAIT, op, NULL, 0, &s) != STEP_SERVED) return -1;
+    memcpy(out, s.p, s.n < cap ? s.n : cap);
+    return (int)s.n;
 }
 
 /* The next wait this thread makes (epoll_wait, poll, select), though paused, releases the

@@ -234,12 +234,15 @@ static int64_t take_record(tls_t *t, int op) {
  * grant it was served still gives it that grant (the tape has it): the grant is promised
  * to it, live threads take the others. */
 static int32_t take_replay(tls_t *t, int op) {
-    uint32_t n;
-    const unsigned char *p = serve(t, CH_SCHED, op, NULL, 0, &n);
-    if (!p && WENT_LIVE()) return SCHED_WENT_LIVE;
-    if (!p || n < sizeof(schedrec_t)) return 0; /* lenient: run on unscheduled */
+    served_t s;
+    switch (tape_step(t, CH_SCHED, op, NULL, 0, &s)) {
+    case STEP_RECORD: return SCHED_WENT_LIVE;
+    case STEP_LIVE: return 0; /* lenient: run on unscheduled */
+    case STEP_SERVED: break;
+    }
+    if (s.n < sizeof(schedrec_t)) return 0;
     schedrec_t r;
-    memcpy(&r, p, sizeof r);
+    memcpy(&r, s.p, sizeof r);
     if (r.result == SCHED_STOLEN) {
         sched_report(t, "threads ran unscheduled from here (record broke a stall: a "
                         "busy-wait or a blocking call the shim does not see)", r.grant, op);
@@ -250,7 +253,7 @@ static int32_t take_replay(tls_t *t, int op) {
     for (;;) {
         uint64_t st = __atomic_load_n(&S.state, __ATOMIC_ACQUIRE);
         if (S.broken) return r.result;
-        if (UNLIKELY(WENT_LIVE()) && !t->promised) {
+        if (UNLIKELY(g_mode == MODE_RECORD) && !t->promised) { /* the process went live */
             if ((uint32_t)(st >> 32) > r.grant) return SCHED_WENT_LIVE; /* cannot be kept */
             promise(t, r.grant, 1);
         }
@@ -730,10 +733,6 @@ static void sched_after_fork_child(void) {
 
 /* Socket waits of program code (a server thread's accept, a recv on a socketpair between
  * threads); the Python hooks' own socket calls run paused, unscheduled. */
-static long sys_ret(long r) {
-    if (is_err(r)) { errno = (int)-r; return -1; }
-    return r;
-}
 
 /* Only a call that can block hands the baton on. One that cannot (a non-blocking socket,
  * MSG_DONTWAIT) keeps it: released, whether it found data or EAGAIN would depend on

@@ -110,9 +110,6 @@ static int g_drift = 1; /* STENO_DRIFT=0: replay does not read live directories 
  * g_virt: the pids the program sees are the recorded ones (replay, and after going live). */
 static int g_resume;
 static int g_virt;
-/* After a replay call found nothing to serve: did the process just go live (resume)? The
- * wrapper then makes the call as record does, and tapes it. */
-#define WENT_LIVE() (UNLIKELY(g_mode == MODE_RECORD))
 /* Seccomp filters already on this process tree (inherited across fork and exec, never
  * removable): "n" once the network rule is in, "t<lo>-<hi>" per trapped text range.
  * Travels to exec'd / spawned children as STENO_FILT. */
@@ -138,8 +135,8 @@ static const char *const CH_NAMES[NCH] = {"?", "clock", "entropy", "dirents", "i
  * real_<name>: libc's own, set by resolve_all() at start-up and by RESOLVE(name) in a
  * wrapper that can run before the constructor. */
 #define REAL_DECL(ret, name, args) static ret(*real_##name) args
-#define REAL(name, ret, params, ch, op) REAL_DECL(ret, name, params); EXPORT ret name params;
-#define RAW(name, ret, params, ch, op) EXPORT ret name params;
+#define REAL(name, ret, params) REAL_DECL(ret, name, params); EXPORT ret name params;
+#define RAW(name, ret, params) EXPORT ret name params;
 #include "wrapped.def"
 
 #define RESOLVE(name) \

@@ -176,8 +176,8 @@ static int sig_replay_point_at(tls_t *t, const sigset_t *mask, int max, int unbl
         if (mask) cur = *mask;
         else raw_mask(SIG_BLOCK, NULL, &cur);
         if (sigismember(&cur, r.sig)) break; /* delivered when the program unblocks it */
-        uint32_t n;
-        if (!serve(t, CH_SIGNAL, OP_SIG_RUN, NULL, 0, &n)) break;
+        served_t s;
+        if (tape_step(t, CH_SIGNAL, OP_SIG_RUN, NULL, 0, &s) != STEP_SERVED) break;
         sigset_t blk = g_sig[r.sig].mask, old;
         if (!(g_sig[r.sig].flags & SA_NODEFER)) sigaddset(&blk, r.sig);
         raw_mask(SIG_BLOCK, &blk, &old);

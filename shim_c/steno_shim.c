@@ -35,6 +35,7 @@
 #include "meta.c"     /* channel meta: the stat family */
 #include "threads.c"  /* pthread_create, thread indices, thread-exit flush */
 #include "netif.c"    /* identity: the host's network interfaces (SIOCGIF* ioctls) */
+#include "overrides.c" /* wrappers that tape nothing: fd marks, temp names, pids handed back */
 #include "signals.c"  /* channel signal: handlers run where the recording ran them */
 #include "live.c"     /* resume: the recorded prefix, then live */
 #include "seccomp.c"  /* BPF filter: raw getrandom trap, replay network refusal */

@@ -27,20 +27,18 @@ static int nanosleep_taped(const struct timespec *req, struct timespec *rem) {
     }
     tls_t *t = me();
     int64_t args[2] = {req->tv_sec, req->tv_nsec};
-    if (g_mode == MODE_REPLAY) {
-        uint32_t n;
-        const unsigned char *p = serve(t, CH_WAIT, OP_NANOSLEEP, args, 16, &n);
-        if (p) {
-            sleeprec_t s; memcpy(&s, p, sizeof s);
-            if (rem && s.rc) { rem->tv_sec = s.rsec; rem->tv_nsec = s.rnsec; }
-            if (s.rc) { errno = -s.rc; return -1; }
-            return 0;
-        }
+    served_t got;
+    step_t step = tape_step(t, CH_WAIT, OP_NANOSLEEP, args, 16, &got);
+    if (step == STEP_SERVED) {
+        sleeprec_t s; memcpy(&s, got.p, sizeof s);
+        if (rem && s.rc) { rem->tv_sec = s.rsec; rem->tv_nsec = s.rnsec; }
+        if (s.rc) { errno = -s.rc; return -1; }
+        return 0;
     }
     struct timespec r2 = {0, 0};
     long r = RS2(SYS_nanosleep, req, &r2);
     if (rem) *rem = r2;
-    if (g_mode == MODE_RECORD) {
+    if (step == STEP_RECORD) {
         sleeprec_t s = {args[0], args[1], is_err(r) ? (int32_t)r : 0, 0, r2.tv_sec, r2.tv_nsec};
         rec(t, CH_WAIT, OP_NANOSLEEP, &s, sizeof s);
     }
@@ -71,18 +69,16 @@ static int clock_nanosleep_taped(clockid_t clk, int flags, const struct timespec
     if (!ACTIVE() || !req) return (int)-RS4(SYS_clock_nanosleep, clk, flags, req, rem);
     tls_t *t = me();
     csleeprec_t s = {(int32_t)clk, flags, req->tv_sec, req->tv_nsec, 0, 0, 0, 0};
-    if (g_mode == MODE_REPLAY) {
-        uint32_t n;
-        const unsigned char *p = serve(t, CH_WAIT, OP_CLOCK_NANOSLEEP, &s, 24, &n);
-        if (p) {
-            memcpy(&s, p, sizeof s);
-            if (rem && s.rc && !(flags & TIMER_ABSTIME)) { rem->tv_sec = s.rsec; rem->tv_nsec = s.rnsec; }
-            return s.rc;
-        }
+    served_t got;
+    step_t step = tape_step(t, CH_WAIT, OP_CLOCK_NANOSLEEP, &s, 24, &got);
+    if (step == STEP_SERVED) {
+        memcpy(&s, got.p, sizeof s);
+        if (rem && s.rc && !(flags & TIMER_ABSTIME)) { rem->tv_sec = s.rsec; rem->tv_nsec = s.rnsec; }
+        return s.rc;
     }
     struct timespec r2 = {0, 0}, shifted;
     if (flags & TIMER_ABSTIME) {
-        if (g_mode == MODE_REPLAY && (unsigned)clk < 16 && g_served_ns[clk] &&
+        if (step == STEP_LIVE && (unsigned)clk < 16 && g_served_ns[clk] &&
             g_anchor_ns[clk] != g_served_ns[clk]) /* the clock was last served, not read live */
             req = served_deadline(clk, req, &shifted);
         else if (UNLIKELY(g_clock_shift))
@@ -90,7 +86,7 @@ static int clock_nanosleep_taped(clockid_t clk, int flags, const struct timespec
     }
     long r = RS4(SYS_clock_nanosleep, clk, flags, req, &r2);
     if (rem && r == -EINTR && !(flags & TIMER_ABSTIME)) *rem = r2;
-    if (g_mode == MODE_RECORD) {
+    if (step == STEP_RECORD) {
         s.rc = (int32_t)-r; s.rsec = r2.tv_sec; s.rnsec = r2.tv_nsec;
         rec(t, CH_WAIT, OP_CLOCK_NANOSLEEP, &s, sizeof s);
     }
@@ -108,14 +104,12 @@ static unsigned int sleep_taped(unsigned int secs) {
     }
     tls_t *t = me();
     secsrec_t s = {secs, 0};
-    if (g_mode == MODE_REPLAY) {
-        uint32_t n;
-        const unsigned char *p = serve(t, CH_WAIT, OP_SLEEP, &s, 4, &n);
-        if (p) { memcpy(&s, p, sizeof s); return s.rc; }
-    }
+    served_t got;
+    step_t step = tape_step(t, CH_WAIT, OP_SLEEP, &s, 4, &got);
+    if (step == STEP_SERVED) { memcpy(&s, got.p, sizeof s); return s.rc; }
     struct timespec req = {secs, 0}, rem = {0, 0};
     s.rc = is_err(RS2(SYS_nanosleep, &req, &rem)) ? (uint32_t)rem.tv_sec : 0;
-    if (g_mode == MODE_RECORD) rec(t, CH_WAIT, OP_SLEEP, &s, sizeof s);
+    if (step == STEP_RECORD) rec(t, CH_WAIT, OP_SLEEP, &s, sizeof s);
     return s.rc;
 }
 EXPORT unsigned int sleep(unsigned int secs) {
@@ -131,14 +125,16 @@ static int usleep_taped(useconds_t us) {
     }
     tls_t *t = me();
     usrec_t s = {us, 0};
-    if (g_mode == MODE_REPLAY) {
-        uint32_t n;
-        const unsigned char *p = serve(t, CH_WAIT, OP_USLEEP, &s, 4, &n);
-        if (p) { memcpy(&s, p, sizeof s); if (s.rc) { errno = -s.rc; return -1; } return 0; }
+    served_t got;
+    step_t step = tape_step(t, CH_WAIT, OP_USLEEP, &s, 4, &got);
+    if (step == STEP_SERVED) {
+        memcpy(&s, got.p, sizeof s);
+        if (s.rc) { errno = -s.rc; return -1; }
+        return 0;
     }
     long r = RS2(SYS_nanosleep, &req, NULL);
     s.rc = is_err(r) ? (int32_t)r : 0;
-    if (g_mode == MODE_RECORD) rec(t, CH_WAIT, OP_USLEEP, &s, sizeof s);
+    if (step == STEP_RECORD) rec(t, CH_WAIT, OP_USLEEP, &s, sizeof s);
     if (s.rc) { errno = -s.rc; return -1; }
     return 0;
 }
@@ -146,13 +142,17 @@ EXPORT int usleep(useconds_t us) {
     return GATED(OP_SCHED_SLEEP, 1, usleep_taped(us));
 }
 
-/* Timed waits: 1 = the recording says this call timed out with nothing ready. */
-static int wait_served(tls_t *t, int op, const void *args, uint32_t argn) {
-    uint32_t n;
-    const unsigned char *p = serve(t, CH_WAIT, op, args, argn, &n);
-    if (!p) return 0;
-    int32_t to; memcpy(&to, p + argn, 4);
-    return to;
+/* Timed waits: the step, where a served record that did not time out means the call
+ * runs live (what was ready is the program's own business: its fds are live) and is
+ * not taped again -- STEP_TIMED_OUT when the recording says it timed out with nothing
+ * ready, served as that. */
+#define STEP_TIMED_OUT STEP_SERVED
+static step_t wait_step(tls_t *t, int op, const void *args, uint32_t argn) {
+    served_t s;
+    step_t step = tape_step(t, CH_WAIT, op, args, argn, &s);
+    if (step != STEP_SERVED) return step;
+    int32_t to; memcpy(&to, s.p + argn, 4);
+    return to ? STEP_TIMED_OUT : STEP_LIVE;
 }
 
 static void wait_rec(tls_t *t, int op, const void *args, uint32_t argn, int32_t timed_out) {
@@ -169,12 +169,14 @@ static int poll_taped(struct pollfd *fds, nfds_t nfds, int timeout) {
     if (!active || timeout <= 0) return real_poll(fds, nfds, timeout);
     tls_t *t = me();
     pollargs_t args = {timeout, (uint32_t)nfds};
-    if (g_mode == MODE_REPLAY) {
-        if (wait_served(t, OP_POLL, &args, sizeof args)) {
-            for (nfds_t i = 0; i < nfds; i++) fds[i].revents = 0;
-            return 0;
-        }
-        if (!WENT_LIVE()) return real_poll(fds, nfds, timeout);
+    switch (wait_step(t, OP_POLL, &args, sizeof args)) {
+    case STEP_TIMED_OUT:
+        for (nfds_t i = 0; i < nfds; i++) fds[i].revents = 0;
+        return 0;
+    case STEP_LIVE:
+        return real_poll(fds, nfds, timeout);
+    case STEP_RECORD:
+        break;
     }
     int r = real_poll(fds, nfds, timeout);
     int e = errno;
@@ -191,15 +193,17 @@ static int select_taped(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeva
     if (!ACTIVE() || !tv || (tv->tv_sec == 0 && tv->tv_usec == 0)) return real_select(nfds, r, w, x, tv);
     tls_t *t = me();
     selargs_t a = {nfds, 0, (int64_t)tv->tv_sec * 1000000 + tv->tv_usec};
-    if (g_mode == MODE_REPLAY) {
-        if (wait_served(t, OP_SELECT, &a, sizeof a)) {
-            if (r) FD_ZERO(r);
-            if (w) FD_ZERO(w);
-            if (x) FD_ZERO(x);
-            tv->tv_sec = 0; tv->tv_usec = 0;
-            return 0;
-        }
-        if (!WENT_LIVE()) return real_select(nfds, r, w, x, tv);
+    switch (wait_step(t, OP_SELECT, &a, sizeof a)) {
+    case STEP_TIMED_OUT:
+        if (r) FD_ZERO(r);
+        if (w) FD_ZERO(w);
+        if (x) FD_ZERO(x);
+        tv->tv_sec = 0; tv->tv_usec = 0;
+        return 0;
+    case STEP_LIVE:
+        return real_select(nfds, r, w, x, tv);
+    case STEP_RECORD:
+        break;
     }
     int rc = real_select(nfds, r, w, x, tv);
     int e = errno;
@@ -216,9 +220,10 @@ static int epoll_wait_taped(int ep, struct epoll_event *ev, int max, int timeout
     if (!ACTIVE() || timeout <= 0) return real_epoll_wait(ep, ev, max, timeout);
     tls_t *t = me();
     epollargs_t args = {timeout, max};
-    if (g_mode == MODE_REPLAY) {
-        if (wait_served(t, OP_EPOLL, &args, sizeof args)) return 0;
-        if (!WENT_LIVE()) return real_epoll_wait(ep, ev, max, timeout);
+    switch (wait_step(t, OP_EPOLL, &args, sizeof args)) {
+    case STEP_TIMED_OUT: return 0;
+    case STEP_LIVE: return real_epoll_wait(ep, ev, max, timeout);
+    case STEP_RECORD: break;
     }
     int r = real_epoll_wait(ep, ev, max, timeout);
     int e = errno;
@@ -235,9 +240,10 @@ static int epoll_pwait_taped(int ep, struct epoll_event *ev, int max, int timeou
     if (!ACTIVE() || timeout <= 0) return real_epoll_pwait(ep, ev, max, timeout, ss);
     tls_t *t = me();
     epollargs_t args = {timeout, max};
-    if (g_mode == MODE_REPLAY) {
-        if (wait_served(t, OP_EPOLL, &args, sizeof args)) return 0;
-        if (!WENT_LIVE()) return real_epoll_pwait(ep, ev, max, timeout, ss);
+    switch (wait_step(t, OP_EPOLL, &args, sizeof args)) {
+    case STEP_TIMED_OUT: return 0;
+    case STEP_LIVE: return real_epoll_pwait(ep, ev, max, timeout, ss);
+    case STEP_RECORD: break;
     }
     int r = real_epoll_pwait(ep, ev, max, timeout, ss);
     int e = errno;

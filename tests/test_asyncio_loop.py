@@ -25,6 +25,8 @@ from stenograph.testing.model_server import ModelServer
 PY = sys.executable  # the venv: the program imports openai
 CLI = [sys.executable, "-m", "stenograph"]
 PROGRAM = Path(__file__).resolve().parent / "programs" / "async_overlap.py"
+RECORDINGS, REPLAYS = (int(n) for n in os.environ.get("STENO_ASYNC_RUNS", "2x2").split("x"))
+"""Recordings per case and replays per recording (``make soak``: 3x10)."""
 SCRIPT = [{"text": "Let me look up the weather and do the sum."}] * 8
 
 
@@ -54,9 +56,9 @@ def _replay(tmp: Path, steno: Path) -> dict:
 
 @pytest.mark.parametrize("streams", [1, 2])
 def test_overlapping_streams_replay_bit_for_bit(tmp_path: Path, streams: int) -> None:
-    for r in range(3):
+    for r in range(RECORDINGS):
         steno = _record(tmp_path, f"r{r}", streams)
-        for i in range(3):
+        for i in range(REPLAYS):
             rep = _replay(tmp_path, steno)
             assert rep["divergences"] == [], f"recording {r}, replay {i}: {rep['divergences']}"
             assert rep["identical"] == {"stdout": True, "stderr": True, "exit_status": True}

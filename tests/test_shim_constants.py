@@ -24,7 +24,7 @@ from stenograph.runner import shim
 SHIM_C = Path(__file__).resolve().parent.parent / "shim_c"
 DEFINE = re.compile(r"^#define\s+(\w+)\s+(\d+|\"[^\"]*\")", re.MULTILINE)
 OP_ROW = re.compile(r"^OP\((CH_\w+),\s*(OP_\w+),\s*\"([^\"]*)\"\)", re.MULTILINE)
-SYM_ROW = re.compile(r"^(REAL|RAW)\((\w+),.*,\s*(CH_\w+|0),\s*(OP_\w+|0)\)\s*$", re.MULTILINE)
+SYM_ROW = re.compile(r"^(REAL|RAW)\((\w+),", re.MULTILINE)
 
 
 def header() -> dict[str, int | str]:
@@ -94,14 +94,10 @@ def test_every_op_has_one_name_and_python_agrees() -> None:
     assert table == tape.OP_NAMES
 
 
-def test_symbol_rows_name_known_ops_and_match_the_exports() -> None:
-    h = header()
+def test_symbol_rows_match_the_exports() -> None:
+    """Every symbol the shim exports is one row of wrapped.def, and no row goes unexported."""
     rows = SYM_ROW.findall((SHIM_C / "wrapped.def").read_text())
     assert len(rows) > 60
-    table = op_table()
-    for _kind, name, ch, op in rows:
-        if op != "0":
-            assert (h[ch], h[op]) in table, name
     nm = shutil.which("nm")
     if nm is None:
         pytest.skip("no nm")
@@ -112,7 +108,7 @@ def test_symbol_rows_name_known_ops_and_match_the_exports() -> None:
              "steno_tape_put", "steno_tape_get", "steno_gate_next", "steno_wait_fds",
              "steno_tape_ended", "steno_go_live", "steno_is_live", "steno_park_live",
              "steno_paused_seeds"}
-    assert exported - hooks == {name for _kind, name, _ch, _op in rows}
+    assert exported - hooks == {name for _kind, name in rows}
 
 
 def test_replay_refuses_a_recording_of_another_shim_protocol(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ import steno_cli
 PY = os.path.realpath(sys.executable)
 CLI = [sys.executable, "-m", "stenograph"]
 PROGRAMS = Path(__file__).resolve().parent / "programs"
-RECORDINGS = 3
-REPLAYS = 10
+RECORDINGS, REPLAYS = (int(n) for n in os.environ.get("STENO_THREAD_RUNS", "2x4").split("x"))
+"""Recordings per program and replays per recording (``make soak``: 3x10)."""
 
 
 def _record(tmp: Path, argv: list[str], name: str) -> tuple[Path, bytes, float]:
