@@ -25,7 +25,9 @@ test: $(STAMP)
 	@command -v chromium >/dev/null || \
 	    (apt-get install -y chromium >/dev/null 2>&1 || \
 	     (apt-get update >/dev/null && apt-get install -y chromium >/dev/null))
-	$(BIN)/pytest
+# two workers, a test file each (its module fixtures recorded once): the suite waits on
+# disks and children more than on either core
+	$(BIN)/pytest -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python bench/wal.py
