@@ -16,10 +16,23 @@ $(STAMP): pyproject.toml $(wildcard setup.py) $(wildcard shim_c/*.c shim_c/*.h s
 	$(BIN)/pip install -q -e '.[test,frameworks]'
 	touch $(STAMP)
 
+# an ordinary user's install (tests/test_as_a_user.py runs it as nobody, who cannot reach
+# a root-only interpreter): a venv of the system Python, the package installed, not linked
+UVENV := .venv-user
+USTAMP := $(UVENV)/.installed
+$(USTAMP): pyproject.toml $(wildcard setup.py) $(wildcard shim_c/*.c shim_c/*.h shim_c/*.def) \
+		$(shell find src -name '*.py')
+	@test -x /usr/bin/python3 && /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || \
+	    (apt-get install -y python3-venv >/dev/null 2>&1 || \
+	     (apt-get update >/dev/null && apt-get install -y python3-venv >/dev/null))
+	/usr/bin/python3 -m venv $(UVENV)
+	$(UVENV)/bin/pip install -q .
+	touch $(USTAMP)
+
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash examples/demo.sh
 
-test: $(STAMP)
+test: $(STAMP) $(USTAMP)
 	$(BIN)/ruff check src tests bench examples golden_logs
 # chromium: tests/test_view.py opens the `stenograph view` pages in it (headless)
 	@command -v chromium >/dev/null || \
@@ -29,7 +42,7 @@ test: $(STAMP)
 # disks and children more than on either core
 	$(BIN)/pytest -n 2 --dist loadfile
 
-bench: $(STAMP)
+bench: $(STAMP) $(USTAMP)
 	$(BIN)/python bench/wal.py
 	@test -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 || \
 	    (apt-get install -y faketime >/dev/null 2>&1 || \
@@ -39,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/http_capture.py
 	$(BIN)/python bench/redact.py
 	$(BIN)/python bench/workspace.py
+	$(UVENV)/bin/pip install -q 'openai>=3,<4' && $(BIN)/python bench/seal.py
 	$(BIN)/pip install -q 'dbos>=3.4,<4' && $(BIN)/python bench/effects.py
 	$(BIN)/python bench/resume.py
 	$(BIN)/python bench/build_replay.py
@@ -61,4 +75,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples golden_logs
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info demo-out
+	rm -rf $(VENV) $(UVENV) build src/*.egg-info demo-out

@@ -238,3 +238,27 @@ def test_a_tool_that_sends_a_secret_file_to_a_server_leaves_no_value_in_the_log(
     rep = _cli("replay", str(tmp_path / "t.steno"), cwd=root)
     assert rep.returncode == 0, rep.stderr
     assert rep.stdout == rec.stdout
+
+
+def test_a_python_environment_in_the_workspace_is_not_snapshotted_and_stays_usable(
+        tmp_path: Path) -> None:
+    """A venv under any name (found by its ``pyvenv.cfg``) is an environment, not the
+    workspace's content: not copied, not scanned for keys (a real one holds thousands of
+    key-shaped test strings, and every recorded process learnt them all), and seen live by
+    the sealed replay, as ``.venv/`` is."""
+    root = tmp_path / "project"
+    lib = root / "env-py" / "lib"
+    lib.mkdir(parents=True)
+    (root / "env-py" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (lib / "vendored.py").write_text(f"KEY = {VALUES['aws']!r}\n")
+    (root / "prog.py").write_text(
+        "import sys\nsys.path.insert(0, 'env-py/lib')\nimport vendored\n"
+        "print('key', len(vendored.KEY))\n")
+    steno = tmp_path / "v.steno"
+    rec = _cli("record", "-o", str(steno), "--", sys.executable, "-B", "prog.py", cwd=root)
+    assert rec.returncode == 0, rec.stderr
+    assert "workspace: 1 files" in rec.stderr, rec.stderr
+    assert VALUES["aws"].encode() not in steno.read_bytes()
+    rep = _cli("replay", str(steno), cwd=root)
+    assert rep.returncode == 0, rep.stderr
+    assert rep.stdout == rec.stdout

@@ -5,7 +5,8 @@ recorded and replayed (see ``stenograph.interpose.calls``); they are imported on
 first use, so ``import stenograph`` stays cheap for the CLI.
 """
 
-__version__ = "0.1.0"
+from stenograph.version import __version__
+
 __all__ = ["Approval", "ApprovalDenied", "__version__", "approval", "model", "tool"]
 
 

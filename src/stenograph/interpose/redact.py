@@ -152,8 +152,7 @@ class RedactionRules:
         )
         if shapes is None:  # in a run: what the workspace's files hold is secret too
             where = hook_path(_getenv("STENO_TAPE"), _getenv("STENO_PYSOCK"))
-            for v in read_values(os.path.dirname(where) if where else None):
-                rules.learn(v)
+            rules.learn(*read_values(os.path.dirname(where) if where else None))
         for k, v in (os.environ if environ is None else environ).items():
             if not k.startswith("STENO_"):
                 rules.env_value(k, v)
@@ -218,15 +217,19 @@ class RedactionRules:
 
     # -- values --------------------------------------------------------------------------
 
-    def learn(self, value: str) -> None:
-        """Remember a secret to scrub everywhere, with each word of it (``Bearer KEY``),
-        each cookie value (``sid=KEY; Path=/``) and a Basic credential's password."""
-        parts = [value]
-        for word in re.split(r"[\s;,]+", value):
-            parts += [word, word.partition("=")[2]]
-        if value[:6].lower() == "basic ":
-            with contextlib.suppress(ValueError, UnicodeDecodeError):
-                parts.append(base64.b64decode(value[6:].strip()).decode().partition(":")[2])
+    def learn(self, *values: str) -> None:
+        """Remember secrets to scrub everywhere, with each word of one (``Bearer KEY``),
+        each cookie value (``sid=KEY; Path=/``) and a Basic credential's password. Many at
+        once cost one rebuild (a workspace's secret files can hold thousands)."""
+        parts: list[str] = []
+        for value in values:
+            parts.append(value)
+            for word in re.split(r"[\s;,]+", value):
+                parts += [word, word.partition("=")[2]]
+            if value[:6].lower() == "basic ":
+                with contextlib.suppress(ValueError, UnicodeDecodeError):
+                    parts.append(
+                        base64.b64decode(value[6:].strip()).decode().partition(":")[2])
         new = [p for p in parts if secretish(p) and p not in self.seen]
         if new:
             self.seen.update(new)

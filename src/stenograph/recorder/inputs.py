@@ -12,7 +12,7 @@ import os
 import stat
 from pathlib import Path
 
-from stenograph.errors import BadInput
+from stenograph.recorder.errors import BadInput
 from stenograph.recorder.reader import is_store
 from stenograph.recorder.store import check_traj
 

@@ -60,6 +60,13 @@ earlier ones (twice the size each time)."""
 IGNORE_FILE = ".stenoignore"
 
 
+def is_environment(path: str) -> bool:
+    """A Python environment (a directory with a ``pyvenv.cfg``), whatever its name
+    (``venv/``, ``env/``, ``.tox/py311/``): ignored like ``.venv/``, or a workspace that
+    holds one would snapshot (and scan for keys) a whole interpreter's packages."""
+    return os.path.isfile(os.path.join(path, "pyvenv.cfg"))
+
+
 class WorkspaceTooBig(BadInput):
     """A workspace over the limits: refused before the program starts."""
 
@@ -235,7 +242,8 @@ def scan(root: str, rules: IgnoreRules, limits: Limits
             except OSError:
                 continue
             is_dir = stat.S_ISDIR(st.st_mode)
-            if rules.ignored(r, is_dir) or (st.st_dev, st.st_ino) in excluded:
+            if rules.ignored(r, is_dir) or (st.st_dev, st.st_ino) in excluded or (
+                    is_dir and is_environment(de.path)):
                 continue
             if not (is_dir or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                 skipped += 1

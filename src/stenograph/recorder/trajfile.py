@@ -29,7 +29,6 @@ from typing import Any
 
 import msgpack
 
-from stenograph import __version__
 from stenograph.recorder.blobs import BlobStore, blob_refs
 from stenograph.recorder.codec import (
     Event,
@@ -52,6 +51,7 @@ from stenograph.recorder.segment import (
     read_header,
 )
 from stenograph.recorder.snapshots import MapBlobs, closure
+from stenograph.version import __version__
 
 SUFFIX = ".steno"
 

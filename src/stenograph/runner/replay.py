@@ -22,6 +22,7 @@ from stenograph.recorder.resumes import view
 from stenograph.recorder.tape import describe, python_stacks, read_divergences, stream_records
 from stenograph.runner import buildreplay, prepare
 from stenograph.runner.launch import RunResult, run_under_shim
+from stenograph.runner.seal import seal_kind
 from stenograph.runner.settings import Settings
 from stenograph.runner.shim import PROTOCOL
 
@@ -155,6 +156,7 @@ def replay(req: ReplayRequest) -> dict[str, Any]:
                 f"protocol {PROTOCOL} (the records it no longer serves left out)")
         if ws.secret_files:
             report["secret_files"] = [n.to_json() for n in ws.secret_files]
+        report["sealed"] = "no" if req.unsealed else seal_kind()
         return report
     finally:  # (the values the hooks learnt go with the tape)
         if not req.keep_tape:

@@ -10,6 +10,13 @@ is discarded with the namespace. Host state files libraries keep across runs
 recorded workspace root is an overlay of its start snapshot (``runner/workspace.py``).
 ``HeldSeal`` keeps such a namespace alive for a resume, whose recorder reads the
 program's view of its files while it runs.
+
+Root makes the mount namespace directly. Anyone else makes a user namespace first, with
+their own uid and gid mapped to themselves (``getuid()`` in the sealed program is what it
+was at record), and the mount namespace in it: the same overlays and tmpfs, mounted with
+the capabilities a user holds in a namespace of their own. Where the kernel allows no
+user namespace (``user.max_user_namespaces=0``, a container's seccomp profile, an
+AppArmor restriction), the seal is unavailable and says so in one line.
 """
 
 from __future__ import annotations
@@ -38,7 +45,26 @@ STATE_MAX = 64 * 1024
 snapshotted; replay then hides it behind an empty tmpfs."""
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+
+
+def seal_kind() -> str:
+    """How this process's replays are sealed: ``mount-namespace`` (root) or
+    ``user-namespace`` (anyone else; needs the kernel to allow one)."""
+    return "mount-namespace" if os.geteuid() == 0 else "user-namespace"
+
+
+def _map_self(uid: int, gid: int) -> None:
+    """In a user namespace just made: the caller's own ids mapped to themselves (the
+    kernel wants ``setgroups`` denied before an unprivileged gid map)."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1\n"),
+                       ("gid_map", f"{gid} {gid} 1\n")):
+        try:
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+        except OSError as exc:
+            raise OSError(exc.errno, f"write /proc/self/{name}: {exc.strerror}") from None
 
 
 def seal_roots(env: Mapping[str, str]) -> list[str]:
@@ -162,9 +188,15 @@ def seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
             raise OSError(err, f"{what}: {os.strerror(err)}")
 
     subs = _submounts(roots)
+    uid, gid = os.geteuid(), os.getegid()
+    own = uid != 0  # a user namespace of the user's own first
 
     def run() -> None:
-        check(unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        if own:
+            check(unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare(CLONE_NEWUSER|CLONE_NEWNS)")
+            _map_self(uid, gid)
+        else:
+            check(unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         check(mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         keep_fds = [os.open(k, os.O_PATH | os.O_DIRECTORY) for k in seal.keep]
         sub_fds = {r: [(p, os.open(p, os.O_PATH)) for p in subs.get(r, ())] for r in roots}
@@ -187,7 +219,8 @@ def seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
             os.mkdir(work)
             st = os.stat(root)
             os.chmod(upper, st.st_mode & 0o7777)
-            os.chown(upper, st.st_uid, st.st_gid)
+            if not own:  # a user owns what they make (their namespace maps no one else)
+                os.chown(upper, st.st_uid, st.st_gid)
             for name in seal.hide.get(root, ()):
                 if "/" not in name and name not in (".", ".."):
                     os.mknod(os.path.join(upper, name), 0o600 | 0o020000, 0)  # whiteout
@@ -213,7 +246,8 @@ def seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
                 os.makedirs(m.target, exist_ok=True)
             st = os.stat(f"/proc/self/fd/{ws_fds[i][0]}")
             os.chmod(upper, st.st_mode & 0o7777)
-            os.chown(upper, st.st_uid, st.st_gid)
+            if not own:
+                os.chown(upper, st.st_uid, st.st_gid)
             # the root of an overlay is its upper directory: give it the recorded times
             os.utime(upper, ns=(st.st_atime_ns, st.st_mtime_ns))
             lowers = ":".join(f"/proc/self/fd/{fd}" for fd in ws_fds[i])
@@ -279,6 +313,11 @@ class HeldSeal:
             self.proc.wait()
             raise SealUnavailable("the sealed namespace's holder did not start")
         self.ns_fd = os.open(f"/proc/{self.proc.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        self.user_fd = -1  # the holder's user namespace, when it made one: entered first
+        if os.stat(f"/proc/{self.proc.pid}/ns/user").st_ino != os.stat(
+                "/proc/self/ns/user").st_ino:
+            self.user_fd = os.open(f"/proc/{self.proc.pid}/ns/user",
+                                   os.O_RDONLY | os.O_CLOEXEC)
         self.cwd = seal.cwd
 
     def view(self, path: str) -> str:
@@ -291,10 +330,13 @@ class HeldSeal:
         libc = _libc()
         setns = libc.setns
         setns.argtypes = [ctypes.c_int, ctypes.c_int]
-        fd, cwd = self.ns_fd, str(self.cwd or cwd or os.getcwd())
+        fd, user_fd, cwd = self.ns_fd, self.user_fd, str(self.cwd or cwd or os.getcwd())
 
         def run() -> None:
             try:
+                if user_fd >= 0 and setns(user_fd, CLONE_NEWUSER) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns(user): {os.strerror(err)}")
                 if setns(fd, CLONE_NEWNS_ENTER) != 0:
                     err = ctypes.get_errno()
                     raise OSError(err, f"setns: {os.strerror(err)}")
@@ -309,9 +351,11 @@ class HeldSeal:
         """Let the holder go (the namespace ends with it); again does nothing."""
         if self.ns_fd < 0:
             return
-        with contextlib.suppress(OSError):
-            os.close(self.ns_fd)
-        self.ns_fd = -1
+        for fd in (self.ns_fd, self.user_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.ns_fd = self.user_fd = -1
         if self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
@@ -341,10 +385,19 @@ def why_pipe() -> Iterator[int]:
         os.close(why_w)
 
 
+UNSEALED = ("rerun with --unsealed to replay against the live files (what the replay "
+            "writes then reaches them)")
+
+
 def _unavailable(why: str) -> SealUnavailable:
+    if os.geteuid() != 0 and ("CLONE_NEWUSER" in why or "/proc/self/" in why
+                              or "Operation not permitted" in why
+                              or "No space left" in why or not why):
+        return SealUnavailable(
+            f"cannot seal the replay: this machine allows no user namespace to a user "
+            f"({why or 'refused'}); {UNSEALED}")
     if "Operation not permitted" in why or not why:
         return SealUnavailable(
-            "cannot seal the replay in a private mount namespace (needs root or user "
-            "namespaces); rerun with --unsealed to replay against the live /tmp")
-    return SealUnavailable(f"cannot seal the replay: {why}; rerun with --unsealed to "
-                           "replay against the live files")
+            f"cannot seal the replay in a private mount namespace ({why or 'refused'}); "
+            f"{UNSEALED}")
+    return SealUnavailable(f"cannot seal the replay: {why}; {UNSEALED}")

@@ -44,6 +44,7 @@ from stenograph.recorder.snapshots import (
     Tree,
     apply_meta,
     ensure_roots,
+    is_environment,
     restore_tree,
     scan,
 )
@@ -250,7 +251,8 @@ def _whiteouts(tree: Tree, root: str, lower: Path, rules: IgnoreRules) -> list[s
                 continue
             full = os.path.join(live, name)
             is_dir = os.path.isdir(full) and not os.path.islink(full)
-            if rules.ignored(rel, is_dir) or os.path.realpath(full) in excluded:
+            if rules.ignored(rel, is_dir) or os.path.realpath(full) in excluded or (
+                    is_dir and is_environment(full)):
                 if is_dir:
                     binds.append(full)
                 continue

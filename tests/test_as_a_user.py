@@ -1,0 +1,180 @@
+"""stenograph as the user people are: record, replay, build replay and resume run as an
+ordinary user (``nobody``, through ``setpriv``), with stenograph installed in a venv of
+the system Python (``make test`` makes ``.venv-user``). Where the kernel allows user
+namespaces the replay is sealed in one of the user's own (``"sealed": "user-namespace"``),
+bit-identical, and the real workspace is left as it was; where it allows none (a seccomp
+filter on ``unshare``/``clone``, as containers have: ``programs/nouserns.c``) the replay
+refuses in one line that names ``--unsealed``, and leaves everything as it was.
+
+Needs root to become another user; run as that user already, the rest of the suite is
+this test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from crashes import Run, go, service
+
+ROOT = Path(__file__).resolve().parents[1]
+USER_VENV = Path(os.environ.get("STENO_USER_VENV", ROOT / ".venv-user"))
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                                reason="becoming another user needs root and setpriv")
+
+AGENT = """
+import os, sys, tempfile, time, uuid
+import requests
+notes = open("notes.txt").read()
+fd, name = tempfile.mkstemp(prefix="agent-")
+os.write(fd, b"scratch")
+os.close(fd)
+with open("out.txt", "a") as f:
+    f.write(f"run {uuid.uuid4()} at {time.time()}\\n")
+print("uid", os.getuid(), "notes", len(notes), "files", sorted(os.listdir(".")))
+print("tmp", os.path.basename(name))
+if len(sys.argv) > 1:
+    r = requests.post(sys.argv[1] + "/payments", json={"amount": 5, "to": "alice"})
+    print("paid", r.status_code, r.json()["id"])
+print("done", uuid.uuid4())
+"""
+
+
+def _user_python() -> str:
+    py = USER_VENV / "bin" / "python"
+    if not py.exists():  # make test builds it; a bare pytest run builds it here
+        subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(USER_VENV)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", str(ROOT)], check=True)
+    return str(py)
+
+
+@pytest.fixture(scope="module")
+def user() -> Iterator[tuple[str, Path]]:
+    """``(python, base)``: the user venv's interpreter and a directory of nobody's."""
+    py = _user_python()
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="steno-user-", dir="/tmp"))
+    base.chmod(0o755)
+    os.chown(base, nobody.pw_uid, nobody.pw_gid)
+    yield py, base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _as_nobody(argv: list[str], base: Path) -> list[str]:
+    return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", *argv]
+
+
+def _env(base: Path) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "HOME": str(base), "LANG": "C.UTF-8"}
+
+
+def _run(argv: list[str], base: Path, cwd: Path, *, wrap: list[str] = (),
+         ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*wrap, *_as_nobody(argv, base)], cwd=cwd, env=_env(base),
+                          capture_output=True, text=True, timeout=180)
+
+
+def _workspace(base: Path, name: str) -> Path:
+    ws = base / name
+    subprocess.run(_as_nobody(["mkdir", str(ws)], base), check=True)
+    for fname, text in (("agent.py", AGENT), ("notes.txt", "remember the milk\n")):
+        subprocess.run(_as_nobody(["sh", "-c", f"cat > {fname}"], base), cwd=ws,
+                       input=text, text=True, check=True)
+    return ws
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _no_userns(base: Path) -> list[str]:
+    exe = base / "nouserns"
+    if not exe.exists():
+        subprocess.run(["gcc", "-O2", "-o", str(exe), str(ROOT / "tests" / "programs" /
+                                                           "nouserns.c")], check=True)
+    return [str(exe)]
+
+
+def _recorded(user: tuple[str, Path], name: str, wrap: list[str] = (),
+              ) -> tuple[list[str], Path, subprocess.CompletedProcess[str]]:
+    """The agent recorded as nobody in a new workspace ``name`` to ``name.steno``: the
+    CLI, the workspace and the record's result."""
+    py, base = user
+    ws = _workspace(base, name)
+    cli = [py, "-m", "stenograph"]
+    rec = _run([*cli, "record", "-o", str(base / f"{name}.steno"), "--", py, "agent.py"],
+               base, ws, wrap=wrap)
+    assert rec.returncode == 0, rec.stderr
+    return cli, ws, rec
+
+
+def test_a_user_records_and_replays_sealed_in_their_own_user_namespace(
+        user: tuple[str, Path]) -> None:
+    base = user[1]
+    cli, ws, rec = _recorded(user, "run")
+    assert f"uid {pwd.getpwnam('nobody').pw_uid} " in rec.stdout
+    before = _digest(ws)
+    for flags in ([], ["--build"]):
+        rep = _run([*cli, "replay", str(base / "run.steno"), "--json", *flags], base, ws)
+        assert rep.returncode == 0, rep.stderr
+        report = json.loads(rep.stdout.splitlines()[-1])
+        if not flags:
+            assert report["sealed"] == "user-namespace"
+            assert report["divergences"] == [] and all(report["identical"].values()), report
+    assert _digest(ws) == before, "a replay wrote into the real workspace"
+    # judged from another directory, as another shell would
+    rep = _run([*cli, "replay", str(base / "run.steno")], base, base)
+    assert rep.returncode == 0, rep.stderr
+    assert "bit-identical" in rep.stderr
+
+
+def test_where_no_user_namespace_can_be_made_the_replay_refuses_in_one_line(
+        user: tuple[str, Path]) -> None:
+    base = user[1]
+    cli, ws, _ = _recorded(user, "nons", wrap=_no_userns(base))
+    before = _digest(ws)
+    rep = _run([*cli, "replay", str(base / "nons.steno")], base, ws, wrap=_no_userns(base))
+    assert rep.returncode == 2, rep.stderr
+    lines = rep.stderr.strip().splitlines()
+    assert len(lines) == 1 and "user namespace" in lines[0] and "--unsealed" in lines[0], lines
+    assert _digest(ws) == before
+    rep = _run([*cli, "replay", str(base / "nons.steno"), "--unsealed", "--json"], base, ws,
+               wrap=_no_userns(base))
+    report = json.loads(rep.stdout.splitlines()[-1])
+    assert report["sealed"] == "no"
+    assert report["divergences"] == [], report
+
+
+def test_a_user_resumes_a_run_killed_at_its_payment_and_pays_once(
+        user: tuple[str, Path]) -> None:
+    py, base = user
+    ws = _workspace(base, "ws-resume")
+    store = base / "store"
+    cli = [py, "-m", "stenograph"]
+    current = [Run(kill=("dispatch", 1))]
+    with service(current) as svc:
+        rec = go(current[0], _as_nobody([*cli, "record", "--store", str(store), "--traj", "t",
+                                         "--", py, "agent.py", svc.url], base), ws,
+                 _env(base))
+        assert current[0].killed.is_set(), rec.stderr
+        current[0] = Run(kill=None, resume=True)
+        res = go(current[0], _as_nobody([*cli, "resume", str(store), "t"], base), ws,
+                 _env(base))
+        assert res.returncode == 0, res.stderr
+        stats = svc.stats()
+    assert stats["payments"] == 1 and stats["keys_reused"] == [], stats
+    assert "paid 200" in res.stdout or "paid 201" in res.stdout, res.stdout
+    out = (ws / "out.txt").read_text().splitlines()
+    assert len(out) == 1, out  # the resumed run's write, once, in the real workspace
+    assert (ws / "out.txt").stat().st_uid == pwd.getpwnam("nobody").pw_uid
