@@ -259,6 +259,7 @@ def _whiteouts(tree: Tree, root: str, lower: Path, rules: IgnoreRules) -> list[s
             try:
                 os.mknod(lower / rel, stat.S_IFCHR | 0o600, 0)  # an overlayfs whiteout
             except PermissionError:
-                raise BadInput("the sealed workspace needs root (overlayfs whiteouts); "
-                               "rerun as root, or with --unsealed", root) from None
+                raise BadInput("the sealed workspace needs overlayfs whiteouts, which this "
+                               "kernel lets only root make (Linux < 5.8); rerun as root, or "
+                               "with --unsealed", root) from None
     return binds
