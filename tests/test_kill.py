@@ -46,6 +46,7 @@ q.put(None)
 t.join()
 """
 TRIALS = int(os.environ.get("STENO_KILL_TRIALS", "12"))
+pytestmark = pytest.mark.alone  # see pyproject.toml
 
 
 def _env() -> dict[str, str]:
