@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -133,10 +134,15 @@ def _decide(store: Path, traj: str, call: str, decision: str, by: str,
                f"resume {store} {traj}` continues", err=True)
 
 
+def _held_call(f: Any) -> Any:
+    """STORE TRAJ CALL: the held call a decision is about (approve and deny alike)."""
+    for arg in ("call", "traj"):
+        f = click.argument(arg)(f)
+    return click.argument("store", type=click.Path(path_type=Path))(f)
+
+
 @click.command("approve")
-@click.argument("store", type=click.Path(path_type=Path))
-@click.argument("traj")
-@click.argument("call")
+@_held_call
 @click.option("--by", required=True, help="Who approves (kept in the log).")
 @click.option("--note", default=None, help="Why, for the record.")
 def approve(store: Path, traj: str, call: str, by: str, note: str | None) -> None:
@@ -145,9 +151,7 @@ def approve(store: Path, traj: str, call: str, by: str, note: str | None) -> Non
 
 
 @click.command("deny")
-@click.argument("store", type=click.Path(path_type=Path))
-@click.argument("traj")
-@click.argument("call")
+@_held_call
 @click.option("--by", required=True, help="Who denies (kept in the log).")
 @click.option("--note", default=None, help="Why, for the record (the program sees it).")
 def deny(store: Path, traj: str, call: str, by: str, note: str | None) -> None:
