@@ -19,7 +19,7 @@ setup(
                 "steno_shim.h", "shim.h", "core.c", "clock.c", "entropy.c", "io.c",
                 "identity.c", "wait.c", "dirents.c", "threads.c", "seccomp.c", "init.c",
                 "proc.c", "ring.c", "syscall.c", "pyctl.c", "wrapped.def", "signals.c",
-                "netif.c", "live.c", "build.c", "overrides.c",
+                "netif.c", "live.c", "build.c", "overrides.c", "pathmap.c",
             )],
             include_dirs=["shim_c"],
             extra_compile_args=[

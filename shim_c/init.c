@@ -35,6 +35,7 @@ __attribute__((constructor)) static void shim_init(void) {
         else if (starts(v, "STENO_DRIFT=")) g_drift = v[12] != '0';
         else {
             if (starts(v, "STENO_RESUME=1")) g_resume = 1; /* kept for children and Python */
+            if (starts(v, "STENO_PATHMAP=")) pm_load(v + 14); /* kept for children */
             size_t n = s_len(v) + 1;
             if (g_extra_len + n < sizeof g_extra) {
                 memcpy(g_extra + g_extra_len, v, n);

@@ -33,9 +33,6 @@ static int exe_range_cb(struct dl_phdr_info *info, size_t size, void *data) {
  * connected socket) is made by the handler itself, marked with a cookie in the unused
  * sixth argument so the filter lets it through. Sockets, binds and local probes (libuuid's
  * SIOCGIFCONF on an AF_INET datagram socket) behave as when recorded. */
-#define NET_COOKIE_LO 0x6e657453u /* "Sten" */
-#define NET_COOKIE_HI 0x70726f67u /* "ogrp" */
-#define NET_COOKIE ((long)(((uint64_t)NET_COOKIE_HI << 32) | NET_COOKIE_LO))
 
 static int net_remote(const struct sockaddr *sa, socklen_t len) {
     if (!sa || len < sizeof(sa_family_t)) return 0;
@@ -92,6 +89,8 @@ static void sigsys_handler(int sig, siginfo_t *si, void *ctx) {
     if (si->si_syscall == SYS_connect || si->si_syscall == SYS_sendto ||
         si->si_syscall == SYS_sendmsg || si->si_syscall == SYS_sendmmsg) {
         ret = net_trapped(si->si_syscall, g);
+    } else if (pm_handles(si->si_syscall)) {
+        ret = pm_trapped(si->si_syscall, uc);
     } else if (si->si_syscall == SYS_getrandom) {
         void *buf = (void *)g[REG_RDI];
         size_t n = (size_t)g[REG_RSI];
@@ -128,13 +127,17 @@ static void install_filters(void) {
     }
     /* an inherited filter may trap this image's executable too: the handler goes in
      * whenever any trap rule is on the tree, before the filter */
-    if (want_trap || want_net || strchr(g_filt, 't') || strchr(g_filt, 'n')) {
+    if (want_trap || want_net || strchr(g_filt, 't') || strchr(g_filt, 'n') || g_npm) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_sigaction = sigsys_handler;
         sa.sa_flags = SA_SIGINFO | SA_RESTART;
         sigemptyset(&sa.sa_mask);
         sigaction(SIGSYS, &sa, NULL);
+    }
+    if (g_npm && !strchr(g_filt, 'p') && install_pathmap_filter() == 0) {
+        size_t at = s_len(g_filt);
+        if (at + 1 < sizeof g_filt) { g_filt[at] = 'p'; g_filt[at + 1] = 0; }
     }
     if (!want_net && !want_trap) {
         size_t at = s_len(g_filt);

@@ -38,6 +38,7 @@
 #include "overrides.c" /* wrappers that tape nothing: fd marks, temp names, pids handed back */
 #include "signals.c"  /* channel signal: handlers run where the recording ran them */
 #include "live.c"     /* resume: the recorded prefix, then live */
+#include "pathmap.c"  /* sealed without namespaces: paths mapped by a seccomp trap */
 #include "seccomp.c"  /* BPF filter: raw getrandom trap, replay network refusal */
 #include "init.c"     /* constructor / destructor, environment, final flush */
 #include "proc.c"     /* fork, exec*, posix_spawn, system, popen, _exit */

@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from stenograph.recorder.errors import BadInput
-from stenograph.runner.seal import HeldSeal, Seal, seal_preexec, seal_roots, why_pipe
+from stenograph.runner import pathmap
+from stenograph.runner.seal import (
+    HeldSeal,
+    Seal,
+    seal_kind,
+    seal_preexec,
+    seal_roots,
+    why_pipe,
+)
 
 ADDR_NO_RANDOMIZE = 0x0040000
 
@@ -320,6 +328,14 @@ def run_under_shim(
         _adopt_orphans()
     sealed_cwd = (held.cwd or cwd) if held is not None else seal.cwd if seal is not None \
         else None
+    exe = prog
+    if seal is not None and seal_kind() == "path-map":  # the shim seals: no namespace
+        pm = pathmap.build(seal, seal_roots(env))
+        env = {**env, "STENO_PATHMAP": str(pm.file)}
+        exe = pm.map(prog)
+        cwd = pm.map(os.path.abspath(str(seal.cwd or cwd or os.getcwd())))
+        seal = None
+        sealed_cwd = None
     try:
         with why_pipe() as why_w, \
                 _aslr_off_for_children() if aslr_off else contextlib.nullcontext():
@@ -327,7 +343,7 @@ def run_under_shim(
                        else seal_preexec(seal, seal_roots(env), why_w) if seal is not None
                        else None)
             proc = subprocess.Popen(
-                [prog, *argv[1:]], executable=prog, env=pad_steno_env(env),
+                [prog, *argv[1:]], executable=exe, env=pad_steno_env(env),
                 cwd=None if sealed_cwd else cwd,
                 stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
                 preexec_fn=preexec,

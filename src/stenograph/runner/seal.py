@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import ctypes.util
 import os
 import re
@@ -49,10 +50,30 @@ CLONE_NEWUSER = 0x10000000
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 
 
+SEAL_VAR = "STENOGRAPH_SEAL"
+"""``path-map`` here seals by path mapping even where a namespace could be made (to try
+or measure it as root)."""
+
+
 def seal_kind() -> str:
-    """How this process's replays are sealed: ``mount-namespace`` (root) or
-    ``user-namespace`` (anyone else; needs the kernel to allow one)."""
-    return "mount-namespace" if os.geteuid() == 0 else "user-namespace"
+    """How this process's replays are sealed: ``mount-namespace`` (root),
+    ``user-namespace`` (anyone else, where the kernel allows one) or ``path-map`` (the
+    shim's path mapping, ``runner/pathmap.py``: where it allows none)."""
+    if os.environ.get(SEAL_VAR) == "path-map":
+        return "path-map"
+    if os.geteuid() == 0:
+        return "mount-namespace"
+    return "user-namespace" if _userns_allowed() else "path-map"
+
+
+@functools.cache
+def _userns_allowed() -> bool:
+    """Can this user make a user namespace? Asked of a child, which then exits."""
+    libc = _libc()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if libc.unshare(CLONE_NEWUSER) == 0 else 1)
+    return os.waitpid(pid, 0)[1] == 0
 
 
 def _map_self(uid: int, gid: int) -> None:
