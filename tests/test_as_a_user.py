@@ -1,10 +1,12 @@
 """stenograph as the user people are: record, replay, build replay and resume run as an
 ordinary user (``nobody``, through ``setpriv``), with stenograph installed in a venv of
 the system Python (``make test`` makes ``.venv-user``). Where the kernel allows user
-namespaces the replay is sealed in one of the user's own (``"sealed": "user-namespace"``),
-bit-identical, and the real workspace is left as it was; where it allows none (a seccomp
-filter on ``unshare``/``clone``, as containers have: ``programs/nouserns.c``) the replay
-refuses in one line that names ``--unsealed``, and leaves everything as it was.
+namespaces the replay is sealed in one of the user's own (``"sealed": "user-namespace"``);
+where it allows none (a seccomp filter on ``unshare``/``clone``, as containers have:
+``programs/nouserns.c``) by the shim's path mapping (``"sealed": "path-map"``). Either
+way each replay is bit-identical and the real workspace is left as it was, the tools the
+program runs (bash, coreutils, git) included; a static program the mapping cannot follow
+is refused in one line.
 
 Needs root to become another user; run as that user already, the rest of the suite is
 this test.
@@ -119,57 +121,135 @@ def _recorded(user: tuple[str, Path], name: str, wrap: list[str] = (),
     return cli, ws, rec
 
 
-def test_a_user_records_and_replays_sealed_in_their_own_user_namespace(
-        user: tuple[str, Path]) -> None:
+@pytest.fixture(params=["user-namespace", "path-map"])
+def seal(request: pytest.FixtureRequest, user: tuple[str, Path]) -> tuple[str, list[str]]:
+    """``(kind, wrap)``: how the replays are sealed, and what the commands run under to
+    make it so (nothing, or no user namespace to be had)."""
+    kind = str(request.param)
+    return kind, (_no_userns(user[1]) if kind == "path-map" else [])
+
+
+def test_a_user_records_and_replays_sealed(user: tuple[str, Path],
+                                           seal: tuple[str, list[str]]) -> None:
     base = user[1]
-    cli, ws, rec = _recorded(user, "run")
+    kind, wrap = seal
+    name = f"run-{kind}"
+    cli, ws, rec = _recorded(user, name, wrap)
     assert f"uid {pwd.getpwnam('nobody').pw_uid} " in rec.stdout
     before = _digest(ws)
     for flags in ([], ["--build"]):
-        rep = _run([*cli, "replay", str(base / "run.steno"), "--json", *flags], base, ws)
+        rep = _run([*cli, "replay", str(base / f"{name}.steno"), "--json", *flags], base, ws,
+                   wrap=wrap)
         assert rep.returncode == 0, rep.stderr
         report = json.loads(rep.stdout.splitlines()[-1])
+        assert report["sealed"] == kind
         if not flags:
-            assert report["sealed"] == "user-namespace"
             assert report["divergences"] == [] and all(report["identical"].values()), report
     assert _digest(ws) == before, "a replay wrote into the real workspace"
     # judged from another directory, as another shell would
-    rep = _run([*cli, "replay", str(base / "run.steno")], base, base)
+    rep = _run([*cli, "replay", str(base / f"{name}.steno")], base, base, wrap=wrap)
     assert rep.returncode == 0, rep.stderr
     assert "bit-identical" in rep.stderr
-
-
-def test_where_no_user_namespace_can_be_made_the_replay_refuses_in_one_line(
-        user: tuple[str, Path]) -> None:
-    base = user[1]
-    cli, ws, _ = _recorded(user, "nons", wrap=_no_userns(base))
-    before = _digest(ws)
-    rep = _run([*cli, "replay", str(base / "nons.steno")], base, ws, wrap=_no_userns(base))
-    assert rep.returncode == 2, rep.stderr
-    lines = rep.stderr.strip().splitlines()
-    assert len(lines) == 1 and "user namespace" in lines[0] and "--unsealed" in lines[0], lines
+    # what it wrote, kept aside on request: the overlay's upper layer, or its likeness
+    keep = base / f"kept-{kind}"
+    rep = _run([*cli, "replay", str(base / f"{name}.steno"), "--keep-writes", str(keep)],
+               base, ws, wrap=wrap)
+    assert rep.returncode == 0, rep.stderr
+    kept = {p.name for p in keep.rglob("*")}
+    assert "out.txt" in kept, kept
     assert _digest(ws) == before
-    rep = _run([*cli, "replay", str(base / "nons.steno"), "--unsealed", "--json"], base, ws,
-               wrap=_no_userns(base))
+
+
+TOOLS = """
+import os, subprocess, sys, tempfile
+run = lambda cmd: subprocess.run(cmd, shell=True, capture_output=True, text=True)
+t = tempfile.mkdtemp(prefix="tools-")
+print(run("mkdir -p build/a/b && echo x > build/a/b/f && ls -R build | wc -l").stdout)
+print(run("rm -r old && ls").stdout)
+print(run(f"cp -r src {t}/src && find {t} -type f | sort | sed 's|{t}||'").stdout)
+print(run("git add -A && git -c user.name=a -c user.email=a@b commit -qm two && "
+          "git log --oneline | wc -l && git status --short").stdout)
+print(run("cd src && tar cf ../src.tar . && cd .. && tar tf src.tar | sort").stdout)
+print(run("cat .env | wc -c; readlink -f link; cd $(pwd)/src && /bin/pwd").stdout)
+print(run(f"ls {t} && rm -r {t} && echo gone").stdout)
+if len(sys.argv) > 1:
+    print(run("/sbin/ldconfig -p | head -1").returncode)
+"""
+
+
+def _tools_workspace(base: Path, name: str) -> Path:
+    ws = base / name
+    script = (f"mkdir -p {ws}/src/pkg {ws}/old && cd {ws} && "
+              "echo 'print(1)' > src/pkg/m.py && echo data > old/f && "
+              "echo 'API_KEY=sk-live-0123456789abcdef0123' > .env && "
+              f"ln -s {ws}/src/pkg/m.py link && git init -q && git add -A && "
+              "git -c user.name=a -c user.email=a@b commit -qm one && cat > tools.py")
+    subprocess.run(_as_nobody(["sh", "-c", script], base), input=TOOLS, text=True,
+                   check=True, env=_env(base))
+    return ws
+
+
+def test_tools_that_are_other_programs_replay_without_touching_the_workspace(
+        user: tuple[str, Path], seal: tuple[str, list[str]]) -> None:
+    py, base = user
+    kind, wrap = seal
+    ws = _tools_workspace(base, f"tools-{kind}")
+    cli = [py, "-m", "stenograph"]
+    steno = base / f"tools-{kind}.steno"
+    rec = _run([*cli, "record", "-o", str(steno), "--", py, "tools.py"], base, ws, wrap=wrap)
+    assert rec.returncode == 0, rec.stderr
+    assert "gone" in rec.stdout, rec.stdout
+    subprocess.run(_as_nobody(["sh", "-c", "git reset -q --hard HEAD~1 && rm -rf build "
+                                           "src.tar"],
+                              base), cwd=ws, check=True, env=_env(base))
+    before, tmp_before = _digest(ws), set(Path("/tmp").glob("tools-*"))
+    rep = _run([*cli, "replay", str(steno), "--json"], base, ws, wrap=wrap)
+    assert rep.returncode == 0, rep.stderr
     report = json.loads(rep.stdout.splitlines()[-1])
-    assert report["sealed"] == "no"
-    assert report["divergences"] == [], report
+    assert report["sealed"] == kind
+    assert report["divergences"] == [] and all(report["identical"].values()), report
+    assert _digest(ws) == before, "a replay wrote into the real workspace"
+    assert set(Path("/tmp").glob("tools-*")) == tmp_before, "a replay wrote into /tmp"
+
+
+def test_a_static_program_under_path_mapping_is_refused_in_one_line(
+        user: tuple[str, Path]) -> None:
+    py, base = user
+    wrap = _no_userns(base)
+    ws = _tools_workspace(base, "static")
+    cli = [py, "-m", "stenograph"]
+    steno = base / "static.steno"
+    rec = _run([*cli, "record", "-o", str(steno), "--", py, "tools.py", "static"], base, ws,
+               wrap=wrap)
+    assert rec.returncode == 0, rec.stderr
+    subprocess.run(_as_nobody(["sh", "-c", "git reset -q --hard HEAD~1 && rm -rf build "
+                                           "src.tar"],
+                              base), cwd=ws, check=True, env=_env(base))
+    before = _digest(ws)
+    rep = _run([*cli, "replay", str(steno), "--json"], base, ws, wrap=wrap)
+    assert rep.returncode == 1, rep.stderr
+    report = json.loads(rep.stdout.splitlines()[-1])
+    said = [d for d in report["divergences"] if d.get("channel") == "pathmap"]
+    assert len(said) == 1 and "/sbin/ldconfig" in said[0]["asked"], report["divergences"]
+    assert "static program" in said[0]["asked"]
+    assert _digest(ws) == before
 
 
 def test_a_user_resumes_a_run_killed_at_its_payment_and_pays_once(
-        user: tuple[str, Path]) -> None:
+        user: tuple[str, Path], seal: tuple[str, list[str]]) -> None:
     py, base = user
-    ws = _workspace(base, "ws-resume")
-    store = base / "store"
+    kind, wrap = seal
+    ws = _workspace(base, f"ws-resume-{kind}")
+    store = base / f"store-{kind}"
     cli = [py, "-m", "stenograph"]
     current = [Run(kill=("dispatch", 1))]
     with service(current) as svc:
-        rec = go(current[0], _as_nobody([*cli, "record", "--store", str(store), "--traj", "t",
-                                         "--", py, "agent.py", svc.url], base), ws,
-                 _env(base))
+        argv = [*cli, "record", "--store", str(store), "--traj", "t", "--", py, "agent.py",
+                svc.url]
+        rec = go(current[0], [*wrap, *_as_nobody(argv, base)], ws, _env(base))
         assert current[0].killed.is_set(), rec.stderr
         current[0] = Run(kill=None, resume=True)
-        res = go(current[0], _as_nobody([*cli, "resume", str(store), "t"], base), ws,
+        res = go(current[0], [*wrap, *_as_nobody([*cli, "resume", str(store), "t"], base)], ws,
                  _env(base))
         assert res.returncode == 0, res.stderr
         stats = svc.stats()

@@ -315,7 +315,7 @@ def run_under_shim(
     cut: tuple[int, int] | None = None,
     started: Callable[[subprocess.Popen[bytes]], Any] | None = None,
     stop_on: Path | None = None,
-    held: HeldSeal | None = None,
+    held: HeldSeal | pathmap.MappedHold | None = None,
 ) -> RunResult:
     """Run ``argv`` with ``env`` (which carries LD_PRELOAD and STENO_*); wait for it.
     With ``seal``, in a private mount namespace (see ``Seal``), or in the one ``held``
@@ -328,14 +328,18 @@ def run_under_shim(
         _adopt_orphans()
     sealed_cwd = (held.cwd or cwd) if held is not None else seal.cwd if seal is not None \
         else None
-    exe = prog
-    if seal is not None and seal_kind() == "path-map":  # the shim seals: no namespace
-        pm = pathmap.build(seal, seal_roots(env))
+    held_cwd = held.cwd if held is not None else None
+    exe, pm, own_pm = prog, None, False
+    if isinstance(held, pathmap.MappedHold):  # the shim seals: no namespace
+        pm, sealed_cwd, held = held.pathmap, None, None
+        cwd = pm.map(os.path.abspath(str(held_cwd or cwd or os.getcwd())))
+    elif seal is not None and seal_kind() == "path-map":
+        pm, own_pm = pathmap.build(seal, seal_roots(env)), True
+        cwd = pm.map(os.path.abspath(str(seal.cwd or cwd or os.getcwd())))
+        seal, sealed_cwd = None, None
+    if pm is not None:
         env = {**env, "STENO_PATHMAP": str(pm.file)}
         exe = pm.map(prog)
-        cwd = pm.map(os.path.abspath(str(seal.cwd or cwd or os.getcwd())))
-        seal = None
-        sealed_cwd = None
     try:
         with why_pipe() as why_w, \
                 _aslr_off_for_children() if aslr_off else contextlib.nullcontext():
@@ -376,6 +380,8 @@ def run_under_shim(
         raise
     for t in pumps:
         t.join()
+    if own_pm and pm is not None:  # a held one's writes are laid out when it closes
+        pm.finish()
     return RunResult(
         status, out_h.hexdigest(), err_h.hexdigest(),
         b"".join(out_keep) if out_keep is not None else None,

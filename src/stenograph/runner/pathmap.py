@@ -23,15 +23,30 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from stenograph.recorder.errors import BadInput
-from stenograph.runner.seal import Seal
+from stenograph.runner.seal import HeldSeal, Seal, seal_kind, seal_roots
 
 PAIRS_MAX = 1024  # shim_c/pathmap.c PM_PAIRS
 TEXT_MAX = 256 * 1024  # shim_c/pathmap.c PM_TEXT
+
+
+Shape = tuple[str, int, int, int]
+"""What a file of a private copy was before the run: kind, size, mtime_ns, inode (a
+symlink's kind carries its target)."""
+
+
+@dataclass
+class Copy:
+    """A workspace root's private copy, what it held before the run, and the name its
+    writes go under (``--keep-writes``, a resume's write-back)."""
+
+    place: Path
+    name: str
+    before: dict[str, Shape]
 
 
 @dataclass
@@ -41,6 +56,16 @@ class PathMap:
 
     file: Path
     pairs: list[tuple[str, str]] = field(default_factory=list)
+    copies: list[Copy] = field(default_factory=list)
+    keep_writes: str | None = None
+
+    def finish(self) -> None:
+        """The run is over: each copy's writes as an overlay upper layer would hold them,
+        under ``keep_writes`` (what ``runner/writeback.py`` applies to a real root)."""
+        if self.keep_writes is None:
+            return
+        for c in self.copies:
+            _upper(c, Path(self.keep_writes) / c.name)
 
     def map(self, path: str) -> str:
         """``path`` as the kernel must see it (the shim's ``pm_in``)."""
@@ -90,14 +115,86 @@ def build(seal: Seal, roots: Sequence[str]) -> PathMap:
             pm.pairs += [(p, "") for p in _merge(lower, live, m.binds)]
         pm.pairs.append((m.target, str(lower)))
         _retarget(lower, m.target)
+        if seal.keep_writes:
+            pm.copies.append(Copy(lower, m.name, _shapes(lower)))
     for k in seal.keep:  # the tape, the store: always the real ones
         if pm.map(k) != k:
             pm.pairs.append((k, ""))
-    if seal.keep_writes:
-        raise BadInput("--keep-writes needs a namespace seal (root, or user namespaces "
-                       "allowed); a replay sealed by path mapping writes into the tape")
+    pm.keep_writes = seal.keep_writes
     pm.write()
     return pm
+
+
+def _shapes(top: Path) -> dict[str, Shape]:
+    out: dict[str, Shape] = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            kind = ("l:" + os.readlink(p) if stat.S_ISLNK(st.st_mode) else
+                    "d" if stat.S_ISDIR(st.st_mode) else "f")
+            out[os.path.relpath(p, top)] = (kind, st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def _upper(c: Copy, upper: Path) -> None:
+    """``c``'s changes since ``c.before`` as an overlay upper layer at ``upper``: what is
+    new or changed, copied (its directories made); what is gone, a whiteout."""
+    upper.mkdir(parents=True, exist_ok=True)
+    now = _shapes(c.place)
+    for rel in sorted(now):
+        shape = now[rel]
+        was = c.before.get(rel)
+        if shape[0] == "d":
+            if was is None or was[0] != "d":
+                (upper / rel).mkdir(parents=True, exist_ok=True)
+                shutil.copystat(c.place / rel, upper / rel)
+            continue
+        if was == shape:
+            continue
+        dst = upper / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if shape[0].startswith("l:"):
+            os.symlink(shape[0][2:], dst)
+        else:
+            shutil.copy2(c.place / rel, dst)
+    for rel in sorted(set(c.before) - set(now)):
+        parent = os.path.dirname(rel)
+        if parent and parent not in now:
+            continue  # its directory went too: one whiteout, there
+        dst = upper / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(dst, stat.S_IFCHR | 0o600, 0)
+    for rel in sorted(now, reverse=True):  # directories' times: as the copy has them
+        if now[rel][0] == "d" and (upper / rel).is_dir():
+            shutil.copystat(c.place / rel, upper / rel)
+
+
+class MappedHold:
+    """``seal.HeldSeal``'s part for a resume sealed by path mapping: nothing to hold (the
+    places are directories of ours); the program's view of a path is its private place."""
+
+    proc = None
+
+    def __init__(self, seal: Seal, env: Mapping[str, str]) -> None:
+        self.pathmap = build(seal, seal_roots(env))
+        self.cwd = seal.cwd
+
+    def view(self, path: str) -> str:
+        return self.pathmap.map(os.path.abspath(path))
+
+    def close(self) -> None:
+        """The run is over: its writes laid out for the write-back (once)."""
+        if self.pathmap is not None:
+            self.pathmap.finish()
+            self.pathmap.keep_writes = None
+
+
+def hold(seal: Seal, env: Mapping[str, str]) -> HeldSeal | MappedHold:
+    """The sealed view a resume's program runs in, kept until ``close``."""
+    if seal_kind() == "path-map":
+        return MappedHold(seal, env)
+    return HeldSeal(seal, env)
 
 
 def _merge(lower: Path, live: str, binds: Iterable[str]) -> list[str]:

@@ -47,6 +47,7 @@ from stenograph.recorder.snapshots import (
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import read_divergences
 from stenograph.runner import prepare
+from stenograph.runner.pathmap import MappedHold, hold
 from stenograph.runner.seal import HeldSeal, seal_roots
 from stenograph.runner.session import LiveSession, sweep_dead_sockets
 from stenograph.runner.worker import Worker
@@ -154,7 +155,7 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
     epoch = max(worker.epoch, rp.state.epoch + 1)
     out: dict[str, Any] = {"epoch": epoch, "cut": rp.cut,
                            "in_doubt": [d["call_id"] for d in rp.in_doubt]}
-    held: HeldSeal | None = None
+    held: HeldSeal | MappedHold | None = None
     try:
         with Store(store, shared=True) as s:
             s.append(traj, "LeaseAcquired", {"epoch": epoch, "pid": os.getpid(),
@@ -177,7 +178,7 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
                  "approvals": rp.approvals, "drift": drift, "keys": keys}))
             sw = _seal_workspace(s, store, traj, rp, tape, all_events, out)
             checkpoints = sw.checkpoints if sw is not None else None
-            held = HeldSeal(_seal(started, tape, sock_dir, store, sw), os.environ)
+            held = hold(_seal(started, tape, sock_dir, store, sw), os.environ)
             if sw is not None:  # checkpoints of what the program sees
                 sw.checkpoints.snap.read_from = held.view
             session = LiveSession(s, traj, sock_dir, checkpoints=checkpoints,
@@ -197,7 +198,7 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
 
 
 def _outcome(session: LiveSession, epoch: int, tape: Path, started: dict[str, Any],
-             held: HeldSeal, out: dict[str, Any]) -> None:
+             held: HeldSeal | MappedHold, out: dict[str, Any]) -> None:
     """Run the program in the sealed namespace; how it ended, into ``out``."""
     t0 = time.monotonic()
     cwd = started.get("cwd")

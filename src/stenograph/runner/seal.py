@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import ctypes.util
+import functools
 import os
 import re
 import subprocess
@@ -211,6 +211,9 @@ def seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
     subs = _submounts(roots)
     uid, gid = os.geteuid(), os.getegid()
     own = uid != 0  # a user namespace of the user's own first
+    # in a user namespace overlayfs may not write trusted.* xattrs: removing a directory
+    # the lower layers hold (an opaque one made again) fails with EIO without user.*
+    xattr = ",userxattr" if own else ""
 
     def run() -> None:
         if own:
@@ -247,7 +250,8 @@ def seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
                     os.mknod(os.path.join(upper, name), 0o600 | 0o020000, 0)  # whiteout
         for i, root in enumerate(roots):
             layers = f"/proc/self/fd/{sfd}"
-            opts = (f"lowerdir={root},upperdir={layers}/u{i},workdir={layers}/w{i}").encode()
+            opts = (f"lowerdir={root},upperdir={layers}/u{i},workdir={layers}/w{i}"
+                    f"{xattr}").encode()
             check(mount(b"overlay", root.encode(), b"overlay", 0, opts), f"overlay on {root}")
             # an overlay's lower layer is one file system: what is mounted under it (a
             # checkout on its own tmpfs) goes back on top, as it is
@@ -272,7 +276,7 @@ def seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
             # the root of an overlay is its upper directory: give it the recorded times
             os.utime(upper, ns=(st.st_atime_ns, st.st_mtime_ns))
             lowers = ":".join(f"/proc/self/fd/{fd}" for fd in ws_fds[i])
-            opts = f"lowerdir={lowers},upperdir={upper},workdir={work}".encode()
+            opts = f"lowerdir={lowers},upperdir={upper},workdir={work}{xattr}".encode()
             check(mount(b"overlay", m.target.encode(), b"overlay", 0, opts),
                   f"overlay on {m.target}")
             for b, fd in zip(m.binds, bind_fds[i], strict=True):
