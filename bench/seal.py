@@ -6,9 +6,9 @@ the real CLI: as root sealed (``mount-namespace``) and ``--unsealed``; as ``nobo
 stenograph from ``.venv-user`` (``make test`` builds it) sealed (``user-namespace``) and
 ``--unsealed``. Then the demo agent (``examples/agent.py``, the official openai SDK,
 against the loopback model server) recorded and replayed the same four ways (as nobody
-only when ``.venv-user`` has ``openai``: ``make bench`` installs it). Median of
-``--repeat`` wall times each. Path mapping (no namespace at all, sealed by the shim) is
-not built: it has no row.
+only when ``.venv-user`` has ``openai``: ``make bench`` installs it). Each also sealed by
+the shim's path mapping (``STENOGRAPH_SEAL=path-map``: what a user gets where no user
+namespace can be made). Median of ``--repeat`` wall times each.
 
     python bench/seal.py [--json] [--files 1000] [--repeat 5]
 
@@ -67,15 +67,21 @@ def _ways(py_root: str, cwd: Path, env: dict[str, str], steno_root: Path, steno_
         "root_unsealed_s": _median_wall([py_root, "-m", "stenograph", "replay", "--unsealed",
                                          str(steno_root)], cwd, env, repeat),
     }
+    pm_env = {**env, "STENOGRAPH_SEAL": "path-map"}
+    out["root_pathmap_s"] = _median_wall([py_root, "-m", "stenograph", "replay",
+                                          str(steno_root)], cwd, pm_env, repeat)
     if user:
         cli = [*AS_NOBODY, str(USER_PY), "-m", "stenograph", "replay"]
         out["user_sealed_s"] = _median_wall([*cli, str(steno_user)], cwd, env, repeat)
+        out["user_pathmap_s"] = _median_wall([*cli, str(steno_user)], cwd, pm_env, repeat)
         out["user_unsealed_s"] = _median_wall([*cli, "--unsealed", str(steno_user)], cwd, env,
                                               repeat)
     for who in ("root", "user"):
         if f"{who}_sealed_s" in out:
             out[f"{who}_sealed_x_unsealed"] = round(
                 out[f"{who}_sealed_s"] / out[f"{who}_unsealed_s"], 3)
+            out[f"{who}_pathmap_x_unsealed"] = round(
+                out[f"{who}_pathmap_s"] / out[f"{who}_unsealed_s"], 3)
     return out
 
 
@@ -143,10 +149,13 @@ def main() -> None:
         return
     for name, r in res.items():
         line = (f"{name:10s} root: sealed {r['root_sealed_s'] * 1e3:.0f} ms, unsealed "
-                f"{r['root_unsealed_s'] * 1e3:.0f} ms ({r['root_sealed_x_unsealed']}x)")
+                f"{r['root_unsealed_s'] * 1e3:.0f} ms ({r['root_sealed_x_unsealed']}x), "
+                f"path-map {r['root_pathmap_s'] * 1e3:.0f} ms ({r['root_pathmap_x_unsealed']}x)")
         if "user_sealed_s" in r:
             line += (f"; user: sealed {r['user_sealed_s'] * 1e3:.0f} ms, unsealed "
-                     f"{r['user_unsealed_s'] * 1e3:.0f} ms ({r['user_sealed_x_unsealed']}x)")
+                     f"{r['user_unsealed_s'] * 1e3:.0f} ms ({r['user_sealed_x_unsealed']}x), "
+                     f"path-map {r['user_pathmap_s'] * 1e3:.0f} ms "
+                     f"({r['user_pathmap_x_unsealed']}x)")
         else:
             line += "; user: not measured (no .venv-user, setpriv or openai there)"
         print(line)
