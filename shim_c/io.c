@@ -179,6 +179,14 @@ static pid_t io_wait4(pid_t pid, int *status, int options, struct rusage *ru) {
     }
     iowait_t w;
     memcpy(&w, s.p, sizeof w);
+    if (UNLIKELY(g_build) && pid > 0 && w.result > 0 && w.result != pid) {
+        /* a build replay's lookahead fits a poll of another child (the record names no
+         * pid): not this one's answer, so this poll runs live (a miss) */
+        build_miss(CH_IO);
+        long r = RS4(SYS_wait4, pid_live(pid), status, options, ru);
+        if (is_err(r)) { errno = (int)-r; return -1; }
+        return pid_rec((pid_t)r);
+    }
     if (w.result == 0) return 0;
     if (w.result < 0) { errno = -w.result; return -1; }
     reap_live(t, CH_IO, w.result, options, ru);

@@ -93,3 +93,4 @@ def test_bad_flags_are_refused_before_anything_runs(agent: Recorded, tmp_path: P
         err = p.stderr.decode().strip().splitlines()
         assert p.returncode == 2 and len(err) == 1 and err[0].startswith("stenograph: error:"), \
             (flags, err)
+

@@ -64,8 +64,11 @@ def recorded_agent(tmp_path: Path) -> tuple[Path, Path, Path]:
     return work, copies, steno
 
 
+@pytest.mark.parametrize("seal", ["mount-namespace", "path-map"])
 def test_replay_sees_the_recorded_files_and_writes_none(
-        recorded_agent: tuple[Path, Path, Path], tmp_path: Path) -> None:
+        recorded_agent: tuple[Path, Path, Path], tmp_path: Path, seal: str) -> None:
+    """Sealed by root's mount namespace, and by the shim's path mapping (what a user gets
+    where no user namespace can be made; ``STENOGRAPH_SEAL`` asks for it here)."""
     work, _copies, steno = recorded_agent
     shutil.rmtree(work / "src")
     (work / "notes.md").write_text("edited by hand since\n")
@@ -73,16 +76,39 @@ def test_replay_sees_the_recorded_files_and_writes_none(
     before = tree(work)
     rec_out = subprocess.run([*CLI, "log", "cat", str(steno)], capture_output=True).stdout
     assert b"Checkpoint" in rec_out
-    p = subprocess.run([*CLI, "replay", "--keep-writes", str(tmp_path / "writes"), str(steno)],
-                       cwd=work, env=_env(), capture_output=True, timeout=120)
+    env = _env(**({"STENOGRAPH_SEAL": seal} if seal == "path-map" else {}))
+    p = subprocess.run([*CLI, "replay", "--json", "--keep-writes", str(tmp_path / "writes"),
+                        str(steno)], cwd=work, env=env, capture_output=True, timeout=120)
     assert p.returncode == 0, p.stderr.decode()[-3000:]
-    assert "replay bit-identical" in p.stderr.decode()
-    assert b"files now: ['empty', 'main.py', 'notes.md', 'src']" in p.stdout
+    report = json.loads(p.stdout.decode().splitlines()[-1])
+    assert report["sealed"] == seal and all(report["identical"].values()), report
     assert tree(work) == before  # not one byte, mode or time of the real files changed
     assert sorted(os.listdir(_copies)) == [str(n) for n in range(1, 9)]  # as recorded
     upper = tmp_path / "writes" / "0-work"
     assert (upper / "notes.md").read_text().startswith("# Notes")  # what the replay wrote
     assert not any((tmp_path / "writes").glob(".work-*"))
+    assert not (upper / "old.txt").exists() or (upper / "old.txt").is_char_device()
+
+
+def test_a_build_replay_of_the_agents_shell_tool_matches(
+        recorded_agent: tuple[Path, Path, Path]) -> None:
+    """Its ``run`` tool is ``subprocess.run(..., timeout=60)``: a loop of WNOHANG waits,
+    more or fewer of them in a build replay. A wait served a record of another pid (a
+    poll's record names none; the spawn may have run live) handed the program a pid not
+    its child's: AssertionError in ``Popen._wait``, sent to the model as the tool's
+    result (seen in 3 of 3 build replays of one recording, not reproduced on demand)."""
+    work, copies, steno = recorded_agent
+    for d in (work, copies):  # fresh checkouts: the run's own .py files are not code here
+        shutil.rmtree(d)
+    copies.mkdir()
+    (work / "build").mkdir(parents=True)
+    (work / "old.txt").write_text("stale\n")
+    (work / "build" / "x.o").write_bytes(b"\x7fELF")
+    p = subprocess.run([*CLI, "replay", "--build", "--json", str(steno)], cwd=work,
+                       env=_env(), capture_output=True, timeout=120)
+    report = json.loads(p.stdout.decode().splitlines()[-1])
+    assert p.returncode == 0 and report["divergences"] == [], (report["divergences"], p.stderr)
+    assert b"AssertionError" not in p.stdout
 
 
 def test_restore_at_every_turn_equals_the_agents_own_copies(
