@@ -7,8 +7,8 @@ turn, its workspace is then changed and partly deleted: the replay is bit-identi
 leaves the real workspace exactly as it was. ``checkpoint restore --at N`` for every
 turn equals the copy the agent itself made of its tree before that model request.
 A recorder killed with SIGKILL while it snapshots leaves no Checkpoint naming a torn
-snapshot. A replay that cannot make its mount namespace (CAP_SYS_ADMIN dropped with
-setpriv) refuses in one line with exit 2 and runs nothing.
+snapshot. Root without CAP_SYS_ADMIN (a container) is sealed in a user namespace, or by
+the shim's path mapping where none can be made.
 """
 
 from __future__ import annotations
@@ -152,26 +152,34 @@ def test_restore_at_every_turn_equals_the_agents_own_copies(
     assert not (tmp_path / "nope").exists()
 
 
-def test_no_mount_namespace_refuses_in_one_line_and_runs_nothing(tmp_path: Path) -> None:
+def test_root_without_cap_sys_admin_is_sealed_all_the_same(tmp_path: Path) -> None:
+    """Root in a container: no CAP_SYS_ADMIN (Docker's default), so no mount namespace of
+    its own; the replay is sealed in a user namespace instead, and where none can be made
+    either (``programs/nouserns.c``: Docker's default seccomp profile) by path mapping.
+    Each replay is bit-identical and leaves the workspace as it was."""
     work = tmp_path / "w"
     work.mkdir()
+    (work / "kept.txt").write_text("recorded\n")
     steno = tmp_path / "r.steno"
-    subprocess.run([*CLI, "record", "-o", str(steno), "--", "/bin/sh", "-c", "ls; date"],
+    subprocess.run([*CLI, "record", "-o", str(steno), "--", "/bin/sh", "-c",
+                    "ls; cat kept.txt; date > made.txt; rm kept.txt"],
                    cwd=work, env=_env(), check=True, capture_output=True)
-    (work / "probe").unlink(missing_ok=True)
-    p = subprocess.run(["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin",
-                        *CLI, "replay", str(steno)], cwd=work, env=_env(),
-                       capture_output=True, text=True)
-    if p.returncode == 127 or "setpriv:" in p.stderr:
-        pytest.skip(f"setpriv cannot drop CAP_SYS_ADMIN here: {p.stderr.strip()}")
-    assert p.returncode == 2, p.stderr
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "--unsealed" in lines[0], p.stderr
-    assert p.stdout == ""  # the program never ran
-    ok = subprocess.run(["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin",
-                         *CLI, "replay", "--unsealed", str(steno)], cwd=work, env=_env(),
-                        capture_output=True, text=True)
-    assert ok.returncode == 0, ok.stderr
+    (work / "kept.txt").write_text("changed since\n")
+    (work / "made.txt").unlink()
+    before = tree(work)
+    nouserns = tmp_path / "nouserns"
+    subprocess.run(["gcc", "-O2", "-o", str(nouserns),
+                    str(ROOT / "tests" / "programs" / "nouserns.c")], check=True)
+    drop = ["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"]
+    for wrap, kind in ((drop, "user-namespace"), ([str(nouserns), *drop], "path-map")):
+        p = subprocess.run([*wrap, *CLI, "replay", "--json", str(steno)], cwd=work,
+                           env=_env(), capture_output=True, text=True)
+        if "setpriv:" in p.stderr:
+            pytest.skip(f"setpriv cannot drop CAP_SYS_ADMIN here: {p.stderr.strip()}")
+        assert p.returncode == 0, p.stderr
+        report = json.loads(p.stdout.splitlines()[-1])
+        assert report["sealed"] == kind and all(report["identical"].values()), report
+        assert tree(work) == before
 
 
 def test_a_recorder_killed_while_it_snapshots_names_no_torn_snapshot(tmp_path: Path) -> None:

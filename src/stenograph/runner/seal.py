@@ -56,23 +56,42 @@ or measure it as root)."""
 
 
 def seal_kind() -> str:
-    """How this process's replays are sealed: ``mount-namespace`` (root),
-    ``user-namespace`` (anyone else, where the kernel allows one) or ``path-map`` (the
-    shim's path mapping, ``runner/pathmap.py``: where it allows none)."""
+    """How this process's replays are sealed: ``mount-namespace`` (root with
+    CAP_SYS_ADMIN), ``user-namespace`` (anyone else, where the kernel allows one: root
+    without CAP_SYS_ADMIN too, as in a container) or ``path-map`` (the shim's path
+    mapping, ``runner/pathmap.py``: where no namespace can be made)."""
     if os.environ.get(SEAL_VAR) == "path-map":
         return "path-map"
-    if os.geteuid() == 0:
-        return "mount-namespace"
-    return "user-namespace" if _userns_allowed() else "path-map"
+    return _namespace_kind()
 
 
 @functools.cache
-def _userns_allowed() -> bool:
-    """Can this user make a user namespace? Asked of a child, which then exits."""
+def _namespace_kind() -> str:
+    if os.geteuid() == 0 and _can_mount(user=False):
+        return "mount-namespace"
+    return "user-namespace" if _can_mount(user=True) else "path-map"
+
+
+def _can_mount(*, user: bool) -> bool:
+    """Can this process seal a replay in a namespace of that kind? Asked of a child,
+    which makes one and mounts a tmpfs in it, then exits: where AppArmor restricts user
+    namespaces (Ubuntu 24.04) ``unshare`` succeeds and the mounts are what fail."""
     libc = _libc()
+    mount = libc.mount
+    mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                      ctypes.c_char_p]
+    uid, gid = os.geteuid(), os.getegid()
     pid = os.fork()
     if pid == 0:
-        os._exit(0 if libc.unshare(CLONE_NEWUSER) == 0 else 1)
+        ok = False
+        try:
+            if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS if user else CLONE_NEWNS) == 0:
+                if user:
+                    _map_self(uid, gid)
+                ok = (mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0 and
+                      mount(b"steno-probe", b"/tmp", b"tmpfs", 0, None) == 0)
+        finally:
+            os._exit(0 if ok else 1)
     return os.waitpid(pid, 0)[1] == 0
 
 
@@ -210,7 +229,7 @@ def seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
 
     subs = _submounts(roots)
     uid, gid = os.geteuid(), os.getegid()
-    own = uid != 0  # a user namespace of the user's own first
+    own = seal_kind() == "user-namespace"  # a user namespace of the user's own first
     # in a user namespace overlayfs may not write trusted.* xattrs: removing a directory
     # the lower layers hold (an opaque one made again) fails with EIO without user.*
     xattr = ",userxattr" if own else ""
@@ -415,14 +434,8 @@ UNSEALED = ("rerun with --unsealed to replay against the live files (what the re
 
 
 def _unavailable(why: str) -> SealUnavailable:
-    if os.geteuid() != 0 and ("CLONE_NEWUSER" in why or "/proc/self/" in why
-                              or "Operation not permitted" in why
-                              or "No space left" in why or not why):
-        return SealUnavailable(
-            f"cannot seal the replay: this machine allows no user namespace to a user "
-            f"({why or 'refused'}); {UNSEALED}")
-    if "Operation not permitted" in why or not why:
-        return SealUnavailable(
-            f"cannot seal the replay in a private mount namespace ({why or 'refused'}); "
-            f"{UNSEALED}")
-    return SealUnavailable(f"cannot seal the replay: {why}; {UNSEALED}")
+    """The seal's namespace could be made when asked (``seal_kind``) and could not now."""
+    return SealUnavailable(
+        f"cannot seal the replay in a {seal_kind().replace('-', ' ')} "
+        f"({why or 'refused'}); {SEAL_VAR}=path-map seals it by path mapping instead, or "
+        f"{UNSEALED}")
