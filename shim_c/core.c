@@ -507,6 +507,20 @@ static void await_kill(void) {
     RS4(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, 8);
 }
 
+/* This process's recording ended by exit while this thread was inside a call (a timed
+ * wait, a blocking read: a heartbeat, a progress bar's refresher): the exit stopped it
+ * there, before its next record. So it waits here, off the schedule, for the replayed
+ * exit to end it; if none comes (the program waits for this thread: a real divergence),
+ * it is reported after EXIT_PARK_MS. */
+#define EXIT_PARK_MS 10000
+static void park_at_exit(tls_t *t) {
+    sched_release(t);
+    for (int i = 0; i < EXIT_PARK_MS; i++) {
+        struct timespec ts = {0, 1000 * 1000};
+        RS2(SYS_nanosleep, &ts, NULL);
+    }
+}
+
 /* A divergence on the meta channel (meta.c serves with t_soft set) is reported like any
  * other (the replay fails) but does not stop the process: from then on its metadata is
  * live and unchecked (g_offtape), while every other channel is served and checked as
@@ -597,6 +611,7 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
         resume_park(t); /* returns live, or still replaying (lenient) */
         return NULL;
     }
+    if (!rh && !g_lenient && !g_resume && recorded_exit()) park_at_exit(t);
     if (!rh && !g_lenient) await_kill();
     report("divergence", t, ch, rh, op, args, argn, site);
     if (!g_lenient && t_soft) g_offtape = 1;

@@ -98,3 +98,12 @@ def test_busy_wait_does_not_hang_record_and_replay_stops_where_it_broke(
     assert code == 1
     sched = [d for d in rep["divergences"] if d["channel"] == "sched"]
     assert sched and "unscheduled" in sched[0]["recorded"], rep
+
+
+@pytest.mark.parametrize("how", ["exit", "_exit"])
+def test_threads_inside_a_call_when_the_process_ends(tmp_path: Path, how: str) -> None:
+    """Their recordings end mid-call (no record of the call they were in): replay waits
+    for the replayed exit there instead of reporting the end of their tape."""
+    argv = [PY, str(PROGRAMS / "threads_at_exit.py"), *(["_exit"] if how == "_exit" else [])]
+    outputs = _replays_identically(tmp_path, argv)
+    assert all(b"done" in o for o in outputs)

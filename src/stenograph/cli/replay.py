@@ -29,9 +29,10 @@ from stenograph.runner.workspace import SecretServed
               "is not passed through).")
 @click.option("--allow-network", is_flag=True, help="Let the replay open AF_INET sockets.")
 @click.option("--unsealed", is_flag=True, help="Replay against the live /tmp, /var/tmp, "
-              "$TMPDIR and workspace (no mount namespace; for machines that allow no user "
-              "namespace): names the recording created there are taken, and the program "
-              "reads and writes today's files.")
+              "$TMPDIR and workspace, not sealed (the default seals in a mount or user "
+              "namespace, or by the shim's path mapping where neither can be made): names "
+              "the recording created there are taken, and the program reads and writes "
+              "today's files.")
 @click.option("--keep-tape", type=click.Path(file_okay=False), default=None,
               help="Prepare the tape in this directory and keep it.")
 @click.option("--keep-writes", type=click.Path(file_okay=False), default=None,
