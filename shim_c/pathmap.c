@@ -23,9 +23,8 @@
  *   handler and block every signal before their last opens and exec).
  * A program without the loader (static: Go, musl) or with another one cannot carry the
  * handler: its exec is refused (EACCES) and reported, as is an exec whose environment
- * dropped the shim's variables. Not covered (docs/determinism.md): a relative path from a
- * working directory outside every mapped one that climbs into one, an AF_UNIX socket
- * path, io_uring. */
+ * dropped the shim's variables. An AF_UNIX socket's path is mapped for connect and bind
+ * (not for a datagram's sendto/sendmsg). Not covered (docs/determinism.md): io_uring. */
 
 #define PM_COOKIE NET_COOKIE
 #define PM_PAIRS 1024
@@ -125,6 +124,28 @@ static long pm_out(char *buf, long n, long cap, int nul) {
     return out;
 }
 
+
+/* An AF_UNIX address naming a path under a mapped root, as the kernel must see it (in
+ * buf; *len adjusted), else sa itself. */
+static const struct sockaddr *pm_sun(const struct sockaddr *sa, socklen_t *len,
+                                     struct sockaddr_un *buf) {
+    if (!g_npm || !sa || *len <= offsetof(struct sockaddr_un, sun_path) ||
+        sa->sa_family != AF_UNIX)
+        return sa;
+    const struct sockaddr_un *u = (const struct sockaddr_un *)sa;
+    char path[sizeof u->sun_path + 1] = {0}, mapped[PATH_MAX];
+    size_t n = *len - offsetof(struct sockaddr_un, sun_path);
+    memcpy(path, u->sun_path, n < sizeof u->sun_path ? n : sizeof u->sun_path);
+    if (path[0] != '/') return sa; /* relative (from a mapped cwd) or abstract */
+    const char *m = pm_in(path, mapped);
+    size_t ml = s_len(m);
+    if (m == path || ml >= sizeof buf->sun_path) return sa;
+    memset(buf, 0, sizeof *buf);
+    buf->sun_family = AF_UNIX;
+    memcpy(buf->sun_path, m, ml);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + ml + 1);
+    return (const struct sockaddr *)buf;
+}
 
 /* `path` (relative) against `dirfd` as the kernel must see it: the walk a program makes
  * from a live directory down into a mapped one (`mkdir -p` chdirs down from /), or up out
@@ -231,7 +252,8 @@ static const pm_call_t *pm_call(int nr) {
 }
 
 static int pm_handles(int nr) {
-    return g_npm && (pm_call(nr) || nr == SYS_rt_sigprocmask || nr == SYS_rt_sigaction);
+    return g_npm && (pm_call(nr) || nr == SYS_rt_sigprocmask || nr == SYS_rt_sigaction ||
+                     nr == SYS_connect || nr == SYS_bind);
 }
 
 /* Why `path` cannot run under the mapping (NULL: it can): without PT_INTERP it is static;
@@ -333,6 +355,12 @@ static long pm_trapped(int nr, ucontext_t *uc) {
         return pm_sigprocmask(a[0], (const uint64_t *)a[1], (uint64_t *)a[2], uc);
     if (nr == SYS_rt_sigaction)
         return pm_sigaction(a[0], (const k_sigaction_t *)a[1], (k_sigaction_t *)a[2], a[3]);
+    if (nr == SYS_connect || nr == SYS_bind) { /* an AF_UNIX socket's path */
+        struct sockaddr_un un;
+        socklen_t len = (socklen_t)a[2];
+        const struct sockaddr *sa = pm_sun((const struct sockaddr *)a[1], &len, &un);
+        return rsys(nr, a[0], (long)sa, len, 0, 0, PM_COOKIE);
+    }
     const pm_call_t *c = pm_call(nr);
     if (!c) return -ENOSYS;
     char b0[PATH_MAX], b1[PATH_MAX];
@@ -382,14 +410,14 @@ static int ldso_range_cb(struct dl_phdr_info *info, size_t size, void *data) {
     return 1;
 }
 
-/* Every call of PM_CALLS, rt_sigprocmask and rt_sigaction traps unless the loader made
+/* Every call of PM_CALLS, rt_sigprocmask, rt_sigaction, connect and bind traps unless the loader made
  * it (ASLR off: it sits at one address in every process of the tree) or it carries the
  * cookie. Once per tree (STENO_FILT "p"). */
 static int install_pathmap_filter(void) {
     dl_iterate_phdr(ldso_range_cb, NULL);
     if (!g_ldso_lo || (g_ldso_lo >> 32) != ((g_ldso_hi - 1) >> 32)) return -1;
     struct sock_filter f[32 + NPM_CALLS];
-    size_t n = 0, nc = NPM_CALLS + 2;
+    size_t n = 0, nc = NPM_CALLS + 4;
 #define ST(code, k) (f[n++] = (struct sock_filter)BPF_STMT((code), (k)))
 #define JP(code, k, t, e) (f[n++] = (struct sock_filter)BPF_JUMP((code), (k), (t), (e)))
     ST(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
@@ -397,8 +425,9 @@ static int install_pathmap_filter(void) {
     ST(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
     ST(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
     for (size_t i = 0; i < nc; i++) { /* a match jumps past the list and its ALLOW */
-        int nr = i < NPM_CALLS ? PM_CALLS[i].nr
-                 : i == NPM_CALLS ? SYS_rt_sigprocmask : SYS_rt_sigaction;
+        static const int more[] = {SYS_rt_sigprocmask, SYS_rt_sigaction, SYS_connect,
+                                   SYS_bind};
+        int nr = i < NPM_CALLS ? PM_CALLS[i].nr : more[i - NPM_CALLS];
         JP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, (uint8_t)(nc - i), 0);
     }
     ST(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);

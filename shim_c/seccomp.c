@@ -51,15 +51,177 @@ static int net_remote(const struct sockaddr *sa, socklen_t len) {
     return 0;
 }
 
+/* A replay opens no connection outside the recorded tree, loopback included: a peer
+ * there (a payment service, a database, a DNS stub resolver) would get what the
+ * recording already sent it. A peer inside the tree (an agent and the server it started)
+ * is live at both ends: each bind of a replayed process is noted in TAPE/net/<key> (the
+ * socket type and port, or a hash of the AF_UNIX name), and a connect or send to a
+ * loopback or AF_UNIX address is let through only to a noted one. Refused: outside
+ * loopback with EACCES (as ever), loopback and AF_UNIX with ECONNREFUSED (what nothing
+ * listening gives); each refusal is listed in TAPE/refused for the report. */
+static char *hex_put(char *p, char *end, uint64_t v) {
+    char tmp[16]; int n = 0;
+    do { tmp[n++] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v);
+    while (n && p < end) *p++ = tmp[--n];
+    return p;
+}
+
+/* TAPE/net/<key> of the address `sa` (TAPE/net itself if !sa). */
+static void net_key(char *out, char *end, const struct sockaddr *sa, socklen_t len, int type) {
+    char *p = s_put(out, end, g_tape);
+    p = s_put(p, end, "/net");
+    *p = 0;
+    if (!sa) return;
+    if (sa->sa_family == AF_UNIX) {
+        uint64_t h = 1469598103934665603ULL; /* FNV-1a of the name, abstract ones too */
+        const unsigned char *b = (const unsigned char *)((const struct sockaddr_un *)sa)->sun_path;
+        size_t n = len > offsetof(struct sockaddr_un, sun_path)
+                       ? len - offsetof(struct sockaddr_un, sun_path) : 0;
+        if (n && b[0]) n = strnlen((const char *)b, n); /* a path: up to its NUL */
+        if (n && b[0] && b[0] != '/') { /* relative: from the working directory, as the
+                                          * program sees it (mapped back under path-map) */
+            char cwd[PATH_MAX];
+            long c = rsys(SYS_getcwd, (long)cwd, sizeof cwd, 0, 0, 0, NET_COOKIE) - 1;
+            if (c > 0 && g_npm) c = pm_out(cwd, c, sizeof cwd, 1);
+            for (long i = 0; i < c; i++) { h ^= (unsigned char)cwd[i]; h *= 1099511628211ULL; }
+            h ^= '/';
+            h *= 1099511628211ULL;
+        }
+        char abs[PATH_MAX];
+        if (n && b[0] == '/' && g_npm && n < sizeof abs) { /* the program's form of it */
+            memcpy(abs, b, n);
+            abs[n] = 0;
+            n = (size_t)pm_out(abs, (long)n, sizeof abs, 1);
+            b = (const unsigned char *)abs;
+        }
+        for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 1099511628211ULL; }
+        p = s_put(p, end, "/u-");
+        p = hex_put(p, end, h);
+    } else {
+        unsigned port = ntohs(sa->sa_family == AF_INET
+                                  ? ((const struct sockaddr_in *)sa)->sin_port
+                                  : ((const struct sockaddr_in6 *)sa)->sin6_port);
+        p = s_put(p, end, type == SOCK_DGRAM ? "/d-" : "/s-");
+        p = u_put(p, end, port);
+    }
+    *p = 0;
+}
+
+static int net_type(long fd) {
+    int type = 0;
+    socklen_t tl = sizeof type;
+    rsys(SYS_getsockopt, fd, SOL_SOCKET, SO_TYPE, (long)&type, (long)&tl, NET_COOKIE);
+    return type;
+}
+
+static int net_is_local(const struct sockaddr *sa) {
+    return sa->sa_family == AF_UNIX || sa->sa_family == AF_INET || sa->sa_family == AF_INET6;
+}
+
+static void net_register(long fd) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (is_err(rsys(SYS_getsockname, fd, (long)&ss, (long)&len, 0, 0, NET_COOKIE))) return;
+    const struct sockaddr *sa = (const struct sockaddr *)&ss;
+    if (!net_is_local(sa)) return;
+    char path[1300];
+    net_key(path, path + sizeof path - 1, NULL, 0, 0);
+    rsys(SYS_mkdirat, AT_FDCWD, (long)path, 0755, 0, 0, NET_COOKIE);
+    net_key(path, path + sizeof path - 1, sa, len, net_type(fd));
+    long f = rsys(SYS_openat, AT_FDCWD, (long)path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644, 0,
+                  NET_COOKIE);
+    if (!is_err(f)) rsys(SYS_close, f, 0, 0, 0, 0, NET_COOKIE);
+}
+
+static int g_refusals;
+
+static void net_refused(const struct sockaddr *sa, socklen_t len, int type, const char *how) {
+    if (g_refusals++ >= 100) return;
+    char line[512], *p = line, *end = line + sizeof line - 2;
+    p = s_put(p, end, how);
+    p = s_put(p, end, type == SOCK_DGRAM ? " udp " : sa->sa_family == AF_UNIX ? " unix " : " tcp ");
+    if (sa->sa_family == AF_UNIX) {
+        const char *n = ((const struct sockaddr_un *)sa)->sun_path;
+        size_t k = len > offsetof(struct sockaddr_un, sun_path)
+                       ? len - offsetof(struct sockaddr_un, sun_path) : 0;
+        if (k && !n[0]) { p = s_put(p, end, "@"); n++; k--; }
+        for (size_t i = 0; i < k && n[i] && p < end; i++) *p++ = n[i];
+    } else {
+        char a[64];
+        const void *addr = sa->sa_family == AF_INET
+                               ? (const void *)&((const struct sockaddr_in *)sa)->sin_addr
+                               : (const void *)&((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (inet_ntop(sa->sa_family, addr, a, sizeof a)) p = s_put(p, end, a);
+        unsigned port = ntohs(sa->sa_family == AF_INET
+                                  ? ((const struct sockaddr_in *)sa)->sin_port
+                                  : ((const struct sockaddr_in6 *)sa)->sin6_port);
+        p = s_put(p, end, sa->sa_family == AF_INET6 ? " port " : ":");
+        p = u_put(p, end, port);
+    }
+    p = s_put(p, end, " (proc ");
+    p = s_put(p, end, g_proc);
+    p = s_put(p, end, ")");
+    *p++ = '\n';
+    char path[1100], *q = s_put(path, path + sizeof path - 1, g_tape);
+    q = s_put(q, path + sizeof path - 1, "/refused");
+    *q = 0;
+    long f = rsys(SYS_openat, AT_FDCWD, (long)path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC,
+                  0644, 0, NET_COOKIE);
+    if (is_err(f)) return;
+    rsys(SYS_write, f, (long)line, p - line, 0, 0, NET_COOKIE);
+    rsys(SYS_close, f, 0, 0, 0, 0, NET_COOKIE);
+}
+
+/* 0 if the replay may reach `sa` from socket `fd`, else the errno it is refused with. */
+static int net_refuse(long fd, const struct sockaddr *sa, socklen_t len, const char *how) {
+    if (!sa || len < sizeof(sa_family_t) || !net_is_local(sa)) return 0;
+    if (sa->sa_family == AF_UNIX) {
+        if (len <= offsetof(struct sockaddr_un, sun_path)) return 0; /* unnamed */
+        const char *n = ((const struct sockaddr_un *)sa)->sun_path;
+        if (g_sockpath[0] && !strncmp(n, g_sockpath, sizeof g_sockpath)) return 0; /* ours */
+        char name[sizeof((struct sockaddr_un *)0)->sun_path + 1] = {0};
+        size_t k = len - offsetof(struct sockaddr_un, sun_path);
+        memcpy(name, n, k < sizeof name - 1 ? k : sizeof name - 1);
+        struct stat st;
+        if (name[0] && rsys(SYS_newfstatat, AT_FDCWD, (long)name, (long)&st, 0, 0,
+                            NET_COOKIE) == -ENOENT)
+            return 0; /* nothing there to reach (nscd, a journal that is not running) */
+    }
+    int type = sa->sa_family == AF_UNIX ? 0 : net_type(fd);
+    if (sa->sa_family != AF_UNIX && net_remote(sa, len)) {
+        net_refused(sa, len, type, how);
+        return EACCES;
+    }
+    char path[1300];
+    net_key(path, path + sizeof path - 1, sa, len, type);
+    struct stat st;
+    if (!is_err(rsys(SYS_newfstatat, AT_FDCWD, (long)path, (long)&st, 0, 0, NET_COOKIE)))
+        return 0; /* the tree's own */
+    net_refused(sa, len, type, how);
+    return ECONNREFUSED;
+}
+
 static long net_trapped(int nr, greg_t *g) {
     long a0 = g[REG_RDI], a1 = g[REG_RSI], a2 = g[REG_RDX], a3 = g[REG_R10],
          a4 = g[REG_R8], a5 = g[REG_R9];
+    int e;
+    struct sockaddr_un un; /* the kernel's view of an AF_UNIX path under path mapping */
+    socklen_t ulen = (socklen_t)a2;
+    if (nr == SYS_bind) {
+        const struct sockaddr *sa = pm_sun((const struct sockaddr *)a1, &ulen, &un);
+        long r = rsys(SYS_bind, a0, (long)sa, ulen, 0, 0, NET_COOKIE);
+        if (r == 0) net_register(a0);
+        return r;
+    }
     if (nr == SYS_connect) {
-        if (net_remote((const struct sockaddr *)a1, (socklen_t)a2)) return -EACCES;
-        return rsys(SYS_connect, a0, a1, a2, 0, 0, NET_COOKIE);
+        if ((e = net_refuse(a0, (const struct sockaddr *)a1, (socklen_t)a2, "connect")))
+            return -e;
+        const struct sockaddr *sa = pm_sun((const struct sockaddr *)a1, &ulen, &un);
+        return rsys(SYS_connect, a0, (long)sa, ulen, 0, 0, NET_COOKIE);
     }
     if (nr == SYS_sendto) {
-        if (net_remote((const struct sockaddr *)a4, (socklen_t)a5)) return -EACCES;
+        if ((e = net_refuse(a0, (const struct sockaddr *)a4, (socklen_t)a5, "send")))
+            return -e;
         struct iovec iov = {(void *)a1, (size_t)a2};
         struct msghdr mh;
         memset(&mh, 0, sizeof mh);
@@ -71,12 +233,13 @@ static long net_trapped(int nr, greg_t *g) {
     }
     if (nr == SYS_sendmsg) {
         const struct msghdr *mh = (const struct msghdr *)a1;
-        if (mh && net_remote(mh->msg_name, mh->msg_namelen)) return -EACCES;
+        if (mh && (e = net_refuse(a0, mh->msg_name, mh->msg_namelen, "send"))) return -e;
         return rsys(SYS_sendmsg, a0, a1, a2, 0, 0, NET_COOKIE);
     }
     const struct mmsghdr *v = (const struct mmsghdr *)a1; /* sendmmsg */
     for (unsigned i = 0; v && i < (unsigned)a2; i++)
-        if (net_remote(v[i].msg_hdr.msg_name, v[i].msg_hdr.msg_namelen)) return -EACCES;
+        if ((e = net_refuse(a0, v[i].msg_hdr.msg_name, v[i].msg_hdr.msg_namelen, "send")))
+            return -e;
     return rsys(SYS_sendmmsg, a0, a1, a2, a3, 0, NET_COOKIE);
 }
 
@@ -87,7 +250,8 @@ static void sigsys_handler(int sig, siginfo_t *si, void *ctx) {
     int saved = errno;
     long ret = -ENOSYS;
     if (si->si_syscall == SYS_connect || si->si_syscall == SYS_sendto ||
-        si->si_syscall == SYS_sendmsg || si->si_syscall == SYS_sendmmsg) {
+        si->si_syscall == SYS_sendmsg || si->si_syscall == SYS_sendmmsg ||
+        si->si_syscall == SYS_bind) {
         ret = net_trapped(si->si_syscall, g);
     } else if (pm_handles(si->si_syscall)) {
         ret = pm_trapped(si->si_syscall, uc);
@@ -106,12 +270,6 @@ static void sigsys_handler(int sig, siginfo_t *si, void *ctx) {
     errno = saved;
 }
 
-static char *hex_put(char *p, char *end, uint64_t v) {
-    char tmp[16]; int n = 0;
-    do { tmp[n++] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v);
-    while (n && p < end) *p++ = tmp[--n];
-    return p;
-}
 
 static void install_filters(void) {
     int want_net = g_mode == MODE_REPLAY && g_nonet && !strchr(g_filt, 'n');
@@ -157,33 +315,34 @@ static void install_filters(void) {
         /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
         /* 2 */ BPF_STMT(BPF_RET | BPF_K, ALLOWED),
         /* 3 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        /* 4 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_trap ? SYS_getrandom : no, 5, 0),
-        /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_connect : no, 11, 0),
-        /* 6 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_sendmsg : no, 10, 0),
-        /* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_sendmmsg : no, 9, 0),
-        /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_sendto : no, 12, 0),
-        /* 9 */ BPF_STMT(BPF_RET | BPF_K, ALLOWED),
-        /* 10: getrandom: trap if lo <= ip < hi (same upper half) */
+        /* 4 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_trap ? SYS_getrandom : no, 6, 0),
+        /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_connect : no, 12, 0),
+        /* 6 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_bind : no, 11, 0),
+        /* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_sendmsg : no, 10, 0),
+        /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_sendmmsg : no, 9, 0),
+        /* 9 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, want_net ? SYS_sendto : no, 12, 0),
+        /* 10 */ BPF_STMT(BPF_RET | BPF_K, ALLOWED),
+        /* 11: getrandom: trap if lo <= ip < hi (same upper half) */
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer) + 4),
-        /* 11 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, hi32, 0, 4),
-        /* 12 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer)),
-        /* 13 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, lo, 0, 2),
-        /* 14 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, hi, 1, 0),
-        /* 15 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
-        /* 16 */ BPF_STMT(BPF_RET | BPF_K, ALLOWED),
-        /* 17: connect, sendmsg, sendmmsg: the shim's own (cookie in the unused 6th
+        /* 12 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, hi32, 0, 4),
+        /* 13 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer)),
+        /* 14 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, lo, 0, 2),
+        /* 15 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, hi, 1, 0),
+        /* 16 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+        /* 17 */ BPF_STMT(BPF_RET | BPF_K, ALLOWED),
+        /* 18: connect, bind, sendmsg, sendmmsg: the shim's own (cookie in the unused 6th
          * argument, made by net_trapped after it checked the address) pass, others trap */
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AL(5)),
-        /* 18 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NET_COOKIE_LO, 0, 6),
-        /* 19 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AL(5) + 4),
-        /* 20 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NET_COOKIE_HI, 5, 4),
-        /* 21: sendto: with no address (a connected socket) it passes, else traps */
+        /* 19 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NET_COOKIE_LO, 0, 6),
+        /* 20 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AL(5) + 4),
+        /* 21 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NET_COOKIE_HI, 5, 4),
+        /* 22: sendto: with no address (a connected socket) it passes, else traps */
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AL(4)),
-        /* 22 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 2),
-        /* 23 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AL(4) + 4),
-        /* 24 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0),
-        /* 25 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
-        /* 26 */ BPF_STMT(BPF_RET | BPF_K, ALLOWED),
+        /* 23 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 2),
+        /* 24 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, AL(4) + 4),
+        /* 25 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0),
+        /* 26 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+        /* 27 */ BPF_STMT(BPF_RET | BPF_K, ALLOWED),
     };
 #undef AL
 #undef ALLOWED

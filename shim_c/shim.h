@@ -34,6 +34,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/wait.h>
 #include <sys/resource.h>
 #include <sys/stat.h>

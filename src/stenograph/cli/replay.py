@@ -136,6 +136,14 @@ def _print_report(report: dict[str, Any], as_json: bool) -> None:
             say(f"  before:   {line}")
         for line in d.get("python_stack", []):
             say(f"  where:    {line}")
+    refused = report.get("refused", [])
+    if refused:
+        say(f"stenograph: note: refused {len(refused)} connection(s) to peers outside the "
+            f"recorded tree (a replay reaches no service; --allow-network lets them "
+            f"through): {'; '.join(refused[:3])}{' ...' if len(refused) > 3 else ''}")
+    if report.get("network") == "allowed":
+        say("stenograph: note: --allow-network: this replay's connections reached live "
+            "peers (what they were sent, they received again)")
     if report["divergences"] or not all(report["identical"].values()):
         for n in report.get("secret_files", []):  # a masked secret file may be why
             if n["served"] == "masked" or n["same"] is False:

@@ -23,7 +23,7 @@ from stenograph.recorder.tape import describe, python_stacks, read_divergences, 
 from stenograph.runner import buildreplay, prepare
 from stenograph.runner.launch import RunResult, run_under_shim
 from stenograph.runner.seal import seal_kind
-from stenograph.runner.settings import Settings
+from stenograph.runner.settings import Settings, TapeFiles
 from stenograph.runner.shim import PROTOCOL
 
 
@@ -157,6 +157,11 @@ def replay(req: ReplayRequest) -> dict[str, Any]:
         if ws.secret_files:
             report["secret_files"] = [n.to_json() for n in ws.secret_files]
         report["sealed"] = "no" if req.unsealed else seal_kind()
+        refused = TapeFiles(tape).refused_lines()
+        if refused:
+            report["refused"] = refused
+        if req.allow_network:
+            report["network"] = "allowed"
         return report
     finally:  # (the values the hooks learnt go with the tape)
         if not req.keep_tape:

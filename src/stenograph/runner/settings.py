@@ -111,6 +111,19 @@ class TapeFiles:
         return self.root / "divergence"
 
     @property
+    def refused(self) -> Path:
+        """Connections the replay refused (the shim's ``net_refused``: one line each)."""
+        return self.root / "refused"
+
+    def refused_lines(self) -> list[str]:
+        """The refused connections, each once, in the order first refused."""
+        try:
+            lines = self.refused.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        return list(dict.fromkeys(ln.rsplit(" (proc ", 1)[0] for ln in lines if ln.strip()))
+
+    @property
     def py(self) -> Path:
         """The hooks' tape: ``py/<proc>.msgpack`` (``recorder/exchanges.prepare_py_tape``)."""
         return self.root / "py"

@@ -1,0 +1,136 @@
+"""Sealed means sealed: a replay opens no connection to a peer outside the recorded
+tree, loopback included, whatever the client (issue "Replay touches nothing", its
+second part; the socket tape that will serve such peers is not built yet).
+
+An agent's ``pay`` tool as people write it -- ``curl``, the standard library's
+``urllib``, a Node ``fetch`` -- against a real loopback payment service that counts
+what reaches it: recorded (one payment), then replayed with the service still running.
+Nothing reaches it (its own count), the replay fails instead of paying again, and the
+report lists the refused connection. ``--allow-network`` is the one way through, and
+says so. A server the program starts itself (TCP on a port it picked, an AF_UNIX
+socket) is inside the tree: both ends replay live, bit-identical, under the mount
+namespace and under path mapping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stenograph.testing.effect_service import EffectService
+
+CLI = [sys.executable, "-m", "stenograph"]
+PY = os.path.realpath(sys.executable)
+
+PAY = {
+    "curl": """
+import json, subprocess, sys
+body = json.dumps({"amount": 7, "to": "acct-A"})
+out = subprocess.run(["curl", "-s", "-X", "POST", "-H", "Content-Type: application/json",
+                      "-d", body, sys.argv[1] + "/payments"], capture_output=True, text=True)
+print("receipt", out.stdout or out.returncode)
+""",
+    "urllib": """
+import json, sys, urllib.request
+req = urllib.request.Request(sys.argv[1] + "/payments", method="POST",
+                             data=json.dumps({"amount": 7, "to": "acct-A"}).encode(),
+                             headers={"Content-Type": "application/json"})
+try:
+    print("receipt", urllib.request.urlopen(req, timeout=10).read().decode())
+except OSError as e:
+    print("failed", type(e).__name__)
+""",
+    "node": """
+import subprocess, sys
+js = ("fetch(process.argv[1] + '/payments', {method: 'POST', headers: {'Content-Type': "
+      "'application/json'}, body: JSON.stringify({amount: 7, to: 'acct-A'})})"
+      ".then(r => r.text()).then(t => console.log(t), e => console.log('failed'))")
+out = subprocess.run(["node", "-e", js, sys.argv[1]], capture_output=True, text=True)
+print("receipt", out.stdout)
+""",
+}
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("STENO")}
+
+
+@pytest.mark.parametrize("tool", sorted(PAY))
+def test_a_replay_pays_no_one_again(tmp_path: Path, tool: str) -> None:
+    if tool in ("curl", "node") and not shutil.which(tool):
+        pytest.skip(f"{tool} is not installed")
+    (tmp_path / "pay.py").write_text(PAY[tool])
+    steno = tmp_path / "pay.steno"
+    with EffectService() as svc:
+        rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", PY, "pay.py", svc.url],
+                             cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                             timeout=120)
+        assert rec.returncode == 0, rec.stderr
+        assert '"to": "acct-A"' in rec.stdout or "acct-A" in rec.stdout, rec.stdout
+        assert svc.stats()["payments"] == 1
+        rep = subprocess.run([*CLI, "replay", "--json", str(steno)], cwd=tmp_path,
+                             env=_env(), capture_output=True, text=True, timeout=120)
+        assert svc.stats()["payments"] == 1, "the replay paid again"
+        report = json.loads(rep.stdout.splitlines()[-1])
+        port = svc.url.rsplit(":", 1)[1]
+        assert any(f"127.0.0.1:{port}" in r for r in report.get("refused", [])), report
+        assert rep.returncode == 1  # it cannot be the recorded run: it was refused
+        said = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=_env(),
+                              capture_output=True, text=True, timeout=120)
+        notes = [ln for ln in said.stderr.splitlines() if "refused" in ln and "note" in ln]
+        assert len(notes) == 1 and "--allow-network" in notes[0], said.stderr
+        assert svc.stats()["payments"] == 1
+        live = subprocess.run([*CLI, "replay", "--allow-network", str(steno)], cwd=tmp_path,
+                              env=_env(), capture_output=True, text=True, timeout=120)
+        assert "--allow-network" in live.stderr, live.stderr
+        assert svc.stats()["payments"] == 2  # the one way through, as it says
+
+
+OWN = """
+import os, socket, subprocess, sys
+tcp = subprocess.Popen([sys.executable, "-c",
+    "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+    "print(s.getsockname()[1], flush=True); c, _ = s.accept(); "
+    "c.sendall(c.recv(100).upper()); c.close()"], stdout=subprocess.PIPE, text=True)
+port = int(tcp.stdout.readline())
+c = socket.create_connection(("127.0.0.1", port))
+c.sendall(b"hello")
+print("tcp", c.recv(100))
+c.close()
+tcp.wait()
+unix = subprocess.Popen([sys.executable, "-c",
+    "import socket; s = socket.socket(socket.AF_UNIX); s.bind('own.sock'); s.listen(); "
+    "print('up', flush=True); c, _ = s.accept(); c.sendall(c.recv(100)[::-1]); c.close()"],
+    stdout=subprocess.PIPE, text=True)
+unix.stdout.readline()
+c = socket.socket(socket.AF_UNIX)
+c.connect(os.path.abspath("own.sock"))
+c.sendall(b"abc")
+print("unix", c.recv(10))
+unix.wait()
+"""
+
+
+@pytest.mark.parametrize("seal", ["namespace", "path-map"])
+def test_a_server_the_program_starts_itself_replays_live_at_both_ends(
+        tmp_path: Path, seal: str) -> None:
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "own.py").write_text(OWN)
+    steno = tmp_path / "own.steno"
+    rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", PY, "own.py"], cwd=work,
+                         env=_env(), capture_output=True, text=True, timeout=120)
+    assert rec.returncode == 0 and "unix b'cba'" in rec.stdout, rec.stderr
+    env = {**_env(), **({"STENOGRAPH_SEAL": "path-map"} if seal == "path-map" else {})}
+    for _ in range(2):
+        rep = subprocess.run([*CLI, "replay", "--json", str(steno)], cwd=work, env=env,
+                             capture_output=True, text=True, timeout=120)
+        report = json.loads(rep.stdout.splitlines()[-1])
+        assert rep.returncode == 0 and report["divergences"] == [], report
+        assert all(report["identical"].values()) and "refused" not in report, report
