@@ -1,5 +1,6 @@
-"""Replay isolation: a replayed process cannot reach the network (connect/sendto/sendmsg
-to a non-loopback AF_INET/AF_INET6 address), while sockets and local probes work."""
+"""Replay isolation: a replayed process reaches no peer outside the recorded tree
+(connect/sendto/sendmsg outside loopback refused with EACCES, to loopback with
+ECONNREFUSED), while sockets and local probes work."""
 
 from __future__ import annotations
 
@@ -45,10 +46,11 @@ def test_replay_refuses_what_reaches_the_network_unless_allowed(tmp_path: Path) 
                              cwd=tmp_path)
     lines = refused.stdout.decode().splitlines()
     assert lines[0] == "opened 2"  # the socket itself is not refused
-    assert lines[1] == "127.0.0.1 ConnectionRefusedError"  # loopback goes through
+    assert lines[1] == "127.0.0.1 ConnectionRefusedError"  # no one of the tree's there
     assert lines[2] == "192.0.2.1 PermissionError"
-    assert lines[3] == "sendto 127.0.0.1 sent"
+    assert lines[3] == "sendto 127.0.0.1 ConnectionRefusedError"  # recorded: sent
     assert lines[4] == "sendto 192.0.2.7 PermissionError"
+    assert "refused 4 connection(s)" in refused.stderr.decode(), refused.stderr
     allowed = subprocess.run([*CLI, "replay", str(steno), "--allow-network"],
                              capture_output=True, timeout=120, cwd=tmp_path)
     assert allowed.stdout == rec.stdout

@@ -27,7 +27,9 @@ from stenograph.runner.workspace import SecretServed
 @click.option("--lenient", is_flag=True, help="Serve live values past a divergence; list all.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (program output "
               "is not passed through).")
-@click.option("--allow-network", is_flag=True, help="Let the replay open AF_INET sockets.")
+@click.option("--allow-network", is_flag=True, help="Let the replay's connections reach "
+              "peers outside the recorded tree (loopback, Unix sockets and beyond), which "
+              "are refused by default: what the recording sent them, they get again.")
 @click.option("--unsealed", is_flag=True, help="Replay against the live /tmp, /var/tmp, "
               "$TMPDIR and workspace, not sealed (the default seals in a mount or user "
               "namespace, or by the shim's path mapping where neither can be made): names "
