@@ -207,6 +207,11 @@ static long net_trapped(int nr, greg_t *g) {
     int e;
     struct sockaddr_un un; /* the kernel's view of an AF_UNIX path under path mapping */
     socklen_t ulen = (socklen_t)a2;
+    if (g_mode != MODE_REPLAY) { /* a resumed or forked process gone live: the world */
+        if (nr == SYS_connect || nr == SYS_bind)
+            a1 = (long)pm_sun((const struct sockaddr *)a1, &ulen, &un), a2 = ulen;
+        return rsys(nr, a0, a1, a2, a3, a4, NET_COOKIE);
+    }
     if (nr == SYS_bind) {
         const struct sockaddr *sa = pm_sun((const struct sockaddr *)a1, &ulen, &un);
         long r = rsys(SYS_bind, a0, (long)sa, ulen, 0, 0, NET_COOKIE);
@@ -271,8 +276,57 @@ static void sigsys_handler(int sig, siginfo_t *si, void *ctx) {
 }
 
 
+/* A resume's or fork's prefix: the same refusal, for calls made from shared libraries'
+ * text only (mapped from 0x7f0000000000 up; a program's own text lies below: a PIE's at
+ * 0x555555554000 with ASLR off, a static Go binary's at 0x400000). The prefix's
+ * processes go live later, and a static program started then has no handler: its calls
+ * must pass, not trap. Once a process is live its handler lets everything through
+ * (net_trapped). */
+#define LIBS_FROM_HI32 0x7f00u
+static int install_prefix_net_filter(void) {
+    struct sock_filter f[] = {
+        /* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        /* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        /* 2 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 3 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        /* 4 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_connect, 10, 0),
+        /* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_bind, 9, 0),
+        /* 6 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sendmsg, 8, 0),
+        /* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sendmmsg, 7, 0),
+        /* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sendto, 1, 0),
+        /* 9 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 10: sendto with no address (a connected socket) passes */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[4])),
+        /* 11 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 3),
+        /* 12 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[4]) + 4),
+        /* 13 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 1),
+        /* 14 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* 15: made from a shared library's text? */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer) + 4),
+        /* 16 */ BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, LIBS_FROM_HI32, 0, 5),
+        /* 17: the handler's own (the cookie) pass */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[5])),
+        /* 18 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NET_COOKIE_LO, 0, 2),
+        /* 19 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[5]) + 4),
+        /* 20 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NET_COOKIE_HI, 1, 0),
+        /* 21 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+        /* 22 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof f[0]), f};
+    long r = RS3(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+    if (r == -EACCES) {
+        RS4(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0);
+        r = RS3(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+    }
+    return is_err(r) ? -1 : 0;
+}
+
 static void install_filters(void) {
-    int want_net = g_mode == MODE_REPLAY && g_nonet && !strchr(g_filt, 'n');
+    /* a resume's or fork's prefix is refused the network too (STENO_RESUME implies it:
+     * no variable more, the environment's size is fixed) */
+    int want_net = g_mode == MODE_REPLAY && (g_nonet || g_resume) && !strchr(g_filt, 'n');
+    int prefix_net = want_net && g_resume;
+    if (prefix_net) want_net = 0;
     char tag[48] = {0}, *tp = tag, *tend = tag + sizeof tag - 1;
     int want_trap = 0;
     dl_iterate_phdr(exe_range_cb, NULL);
@@ -285,13 +339,18 @@ static void install_filters(void) {
     }
     /* an inherited filter may trap this image's executable too: the handler goes in
      * whenever any trap rule is on the tree, before the filter */
-    if (want_trap || want_net || strchr(g_filt, 't') || strchr(g_filt, 'n') || g_npm) {
+    if (want_trap || want_net || prefix_net || strchr(g_filt, 't') || strchr(g_filt, 'n') ||
+        g_npm) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_sigaction = sigsys_handler;
         sa.sa_flags = SA_SIGINFO | SA_RESTART;
         sigemptyset(&sa.sa_mask);
         sigaction(SIGSYS, &sa, NULL);
+    }
+    if (prefix_net && install_prefix_net_filter() == 0) {
+        size_t at = s_len(g_filt);
+        if (at + 1 < sizeof g_filt) { g_filt[at] = 'n'; g_filt[at + 1] = 0; }
     }
     if (g_npm && !strchr(g_filt, 'p') && install_pathmap_filter() == 0) {
         size_t at = s_len(g_filt);

@@ -134,3 +134,41 @@ def test_a_server_the_program_starts_itself_replays_live_at_both_ends(
         report = json.loads(rep.stdout.splitlines()[-1])
         assert rep.returncode == 0 and report["divergences"] == [], report
         assert all(report["identical"].values()) and "refused" not in report, report
+
+
+CURL_AGENT = """
+import json, subprocess, sys
+import requests
+body = json.dumps({"amount": 7, "to": "acct-A"})
+out = subprocess.run(["curl", "-s", "-X", "POST", "-H", "Content-Type: application/json",
+                      "-d", body, sys.argv[1] + "/payments"], capture_output=True, text=True)
+print("receipt", out.stdout, flush=True)
+for _ in range(2):  # the agent's next steps: hooked HTTP (exchanges on the tape)
+    print("servers", requests.get(sys.argv[1] + "/servers?name=web", timeout=10).json())
+"""
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl is not installed")
+def test_a_resume_after_a_crash_at_a_curl_payment_pays_no_one_again(tmp_path: Path) -> None:
+    """Killed (the whole group) as the agent's second read arrives, its curl payment and
+    one read done: the resumed prefix runs that curl again, and its connection is refused
+    rather than made -- the payment is not repeated, and the resume says so. (The socket
+    tape that would serve curl its recorded answer is not built: the program sees the
+    connection fail. A process whose prefix holds no taped call after the curl -- a kill
+    inside curl itself, or a program with no hooked call -- goes live before it, and pays
+    again: only the socket tape closes that.)"""
+    from crashes import Run, go, service
+
+    (tmp_path / "agent.py").write_text(CURL_AGENT)
+    store = tmp_path / "store"
+    current = [Run(kill=("read", 2))]
+    with service(current) as svc:
+        rec = go(current[0], [*CLI, "record", "--store", str(store), "--traj", "t", "--",
+                              PY, "agent.py", svc.url], tmp_path, _env())
+        assert current[0].killed.is_set(), rec.stderr
+        assert svc.stats()["payments"] == 1
+        current[0] = Run(kill=None, resume=True)
+        res = go(current[0], [*CLI, "resume", str(store), "t"], tmp_path, _env())
+        assert svc.stats()["payments"] == 1, "the resume paid again"
+    notes = [ln for ln in res.stderr.splitlines() if "were refused, not made again" in ln]
+    assert len(notes) == 1 and "127.0.0.1" in notes[0], res.stderr

@@ -70,6 +70,11 @@ def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
 
 
 def _finish(store: Path, traj: str, out: dict[str, Any]) -> None:
+    if out.get("refused"):
+        click.echo(f"stenograph: note: the resumed prefix's connections to peers outside the "
+                   f"run were refused, not made again ({len(out['refused'])}: "
+                   f"{'; '.join(out['refused'][:3])}{' ...' if len(out['refused']) > 3 else ''}"
+                   f"); the program saw them fail", err=True)
     if out.get("set_aside"):
         paths = out["set_aside"]["paths"]
         click.echo(f"stenograph: set aside {len(paths)} file(s) the resumed run replaced "

@@ -50,6 +50,7 @@ from stenograph.runner import prepare
 from stenograph.runner.pathmap import MappedHold, hold
 from stenograph.runner.seal import HeldSeal, seal_roots
 from stenograph.runner.session import LiveSession, sweep_dead_sockets
+from stenograph.runner.settings import TapeFiles
 from stenograph.runner.worker import Worker
 from stenograph.runner.workspace import WorkspaceMount
 from stenograph.runner.workspace import prepare as prepare_workspace
@@ -213,6 +214,9 @@ def _outcome(session: LiveSession, epoch: int, tape: Path, started: dict[str, An
     finally:
         out["seconds"] = round(time.monotonic() - t0, 3)
     out["status"] = result.status
+    refused = TapeFiles(tape).refused_lines()
+    if refused:  # the prefix's own connections, refused rather than made again
+        out["refused"] = refused
     divs = [d for d in read_divergences(tape) if d.kind == "divergence"]
     attention = tape / resume_plan.ATTENTION
     if attention.exists():
