@@ -8,15 +8,19 @@
  * asm; libc's syscall() is wrapped in syscall.c) bypasses every libc wrapper. In both modes the
  * shim traps it with SECCOMP_RET_TRAP when the instruction pointer lies in the main
  * executable's text, and serves it from the SIGSYS handler through the entropy stream
- * (op 4). Only the main executable is trapped: glibc itself calls getrandom raw (malloc's
+ * (op 4), when that executable is position-independent (a fixed-address one shares
+ * 0x400000 with static Go binaries, which would inherit the trap with no handler). Only
+ * the main executable is trapped: glibc itself calls getrandom raw (malloc's
  * tcache key) before this library's constructor has installed the handler, and a filter
  * outlives exec, when libraries move but the executable's text (ASLR off) stays put.
  * The shim's own raw syscalls are never in that range. Hand-written BPF, no libseccomp. */
 
 static uintptr_t g_exe_lo, g_exe_hi;
+static int g_exe_pie;
 
 static int exe_range_cb(struct dl_phdr_info *info, size_t size, void *data) {
     (void)size; (void)data;
+    g_exe_pie = info->dlpi_addr != 0;
     for (int i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
@@ -331,7 +335,11 @@ static void install_filters(void) {
     int want_trap = 0;
     dl_iterate_phdr(exe_range_cb, NULL);
     uint32_t hi32 = (uint32_t)(g_exe_lo >> 32);
-    if (g_exe_lo && g_exe_hi > g_exe_lo && (uint32_t)((g_exe_hi - 1) >> 32) == hi32) {
+    /* a position-dependent executable's text sits at 0x400000, where every static Go
+     * binary's does too: one exec'd later would inherit the trap without a handler for
+     * it (SIGSYS kills it), so only a PIE's text is trapped */
+    if (g_exe_pie && g_exe_lo && g_exe_hi > g_exe_lo &&
+        (uint32_t)((g_exe_hi - 1) >> 32) == hi32) {
         tp = s_put(tp, tend, "t"); tp = hex_put(tp, tend, g_exe_lo);
         tp = s_put(tp, tend, "-"); tp = hex_put(tp, tend, g_exe_hi);
         *tp = 0;

@@ -129,3 +129,60 @@ def test_raw_getrandom_in_exec_and_forked_children(tmp_path: Path) -> None:
     again = _replay(tmp_path, steno)
     assert again.returncode == 0, again.stderr
     assert again.stdout == rec.stdout
+
+
+STATIC_CHILD_C = r"""
+#include <stdio.h>
+#include <sys/syscall.h>
+int main(void) {
+    unsigned char buf[16];
+    long r;
+    /* what a Go runtime does for crypto/rand: a raw getrandom from its own text */
+    __asm__ volatile("syscall" : "=a"(r) : "a"(SYS_getrandom), "D"(buf), "S"(sizeof buf),
+                     "d"(0) : "rcx", "r11", "memory");
+    printf("child getrandom %ld\n", r);
+    return 0;
+}
+"""
+
+FIXED_PARENT_C = r"""
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+/* 64 KiB of text: the parent's executable range then covers the child's main */
+__attribute__((used)) static void pad(void) { __asm__ volatile(".skip 65536, 0x90"); }
+int main(int argc, char **argv) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) { execv(argv[1], argv + 1); _exit(127); }
+    int st;
+    waitpid(pid, &st, 0);
+    printf("child %s %d\n", WIFSIGNALED(st) ? "killed by" : "exited", WIFSIGNALED(st) ?
+           WTERMSIG(st) : WEXITSTATUS(st));
+    return 0;
+}
+"""
+
+
+def test_a_static_child_of_a_fixed_address_program_is_not_killed(tmp_path: Path) -> None:
+    """A position-dependent program (Debian's /usr/bin/python3 is one) has its text at
+    0x400000, where a static Go binary's is too: the raw-getrandom trap of the parent's
+    text, inherited through exec, trapped the child's own getrandom, and the child, which
+    has no handler, died of SIGSYS (`age-keygen`, kubectl under record)."""
+    (tmp_path / "child.c").write_text(STATIC_CHILD_C)
+    (tmp_path / "parent.c").write_text(FIXED_PARENT_C)
+    child, parent = tmp_path / "child", tmp_path / "parent"
+    for out, src, flags in ((child, "child.c", ["-static"]), (parent, "parent.c", ["-no-pie"])):
+        subprocess.run(["gcc", "-O1", *flags, "-o", str(out), str(tmp_path / src)],
+                       check=True, timeout=120)
+    native = subprocess.run([str(parent), str(child)], capture_output=True, text=True)
+    assert "child exited 0" in native.stdout, native.stdout
+    steno = tmp_path / "p.steno"
+    rec = subprocess.run([*CLI, "record", "--workspace", "none", "-o", str(steno), "--",
+                          str(parent), str(child)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert rec.returncode == 0, rec.stderr
+    assert rec.stdout == native.stdout, rec.stdout  # not "child killed by 31"
+    rep = subprocess.run([*CLI, "replay", str(steno)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert rep.returncode == 0 and rep.stdout == native.stdout, rep.stderr
