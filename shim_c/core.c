@@ -192,7 +192,7 @@ static void map_stream(tls_t *t, int ch) {
     s->pos = 0;
     char path[1400];
     path_of_stream(path, sizeof path, t->tindex, ch);
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    long fd = OWN4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
     if (is_err(fd)) return;
     struct stat st;
     if (!is_err(RS2(SYS_fstat, fd, &st)) && st.st_size > 0) {
@@ -301,7 +301,7 @@ static void append_report(const char *line, size_t n) {
     char *p = s_put(path, path + sizeof path - 1, g_tape);
     p = s_put(p, path + sizeof path - 1, "/divergence");
     *p = 0;
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    long fd = OWN4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (is_err(fd)) return;
     RS3(SYS_write, fd, line, n);
     RS1(SYS_close, fd);
@@ -368,7 +368,7 @@ static void tape_path(char *path, int own, const char *name) {
 }
 
 static void tape_file_put(const char *path, const char *data, size_t n) {
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    long fd = OWN4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (is_err(fd)) return;
     RS3(SYS_write, fd, data, n);
     RS1(SYS_close, fd);
@@ -376,7 +376,7 @@ static void tape_file_put(const char *path, const char *data, size_t n) {
 
 /* Up to n bytes of the file; -1 if it is not there. */
 static long tape_file_get(const char *path, char *data, size_t n) {
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    long fd = OWN4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
     if (is_err(fd)) return -1;
     long got = RS3(SYS_read, fd, data, n);
     RS1(SYS_close, fd);
@@ -444,7 +444,7 @@ static int recorded_exit(void) {
     char path[TAPE_PATH];
     tape_path(path, 1, "exited");
     struct stat st;
-    return !is_err(RS4(SYS_newfstatat, AT_FDCWD, path, &st, 0));
+    return !is_err(OWN4(SYS_newfstatat, AT_FDCWD, path, &st, 0));
 }
 
 static void resume_park(tls_t *t); /* live.c: the end of a resumed prefix */
@@ -548,7 +548,7 @@ static void dump_where(void) {
     tstate_t cur = (tstate_t)dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
     char path[TAPE_PATH];
     tape_path(path, 1, "where");
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    long fd = OWN4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (is_err(fd)) return;
     /* in a forked copy: a thread caught half-made (its state being linked in) can crash
      * the dumper, and then only the copy dies, the lines so far written */

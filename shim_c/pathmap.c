@@ -79,20 +79,25 @@ static void pm_load(const char *file) {
     }
 }
 
-/* The longest pair whose side (src or dst) `path` is at or under, or NULL. */
-static const pm_pair_t *pm_find(const char *path, int dst) {
+/* The longest pair whose side (src or dst) the n bytes at `path` are at or under, or
+ * NULL. */
+static const pm_pair_t *pm_find_n(const char *path, size_t len, int dst) {
     const pm_pair_t *best = NULL;
     size_t bl = 0;
     for (int i = 0; i < g_npm; i++) {
         const pm_pair_t *p = &g_pm[i];
         size_t n = dst ? p->dl : p->sl;
         const char *k = g_pmtext + (dst ? p->dst : p->src);
-        if (!n || n <= bl) continue;
+        if (!n || n <= bl || n > len) continue;
         size_t j = 0;
         while (j < n && path[j] == k[j]) j++;
-        if (j == n && (path[n] == '/' || path[n] == 0)) { best = p; bl = n; }
+        if (j == n && (n == len || path[n] == '/')) { best = p; bl = n; }
     }
     return best;
+}
+
+static const pm_pair_t *pm_find(const char *path, int dst) {
+    return pm_find_n(path, s_len(path), dst);
 }
 
 /* `path` as the kernel must see it: under its dst when under a src (else as it is). */
@@ -108,22 +113,19 @@ static const char *pm_in(const char *path, char *buf) {
 }
 
 /* A path the kernel answered with (n bytes at buf, room for cap), mapped back to the
- * recorded one in place; its new length. */
+ * recorded one in place (no second buffer: the handler may run on a small thread stack);
+ * its new length. */
 static long pm_out(char *buf, long n, long cap, int nul) {
-    if (n <= 0 || buf[0] != '/' || n >= PATH_MAX) return n;
-    char tmp[PATH_MAX];
-    memcpy(tmp, buf, (size_t)n);
-    tmp[n] = 0;
-    const pm_pair_t *p = pm_find(tmp, 1);
+    if (n <= 0 || buf[0] != '/') return n;
+    const pm_pair_t *p = pm_find_n(buf, (size_t)n, 1);
     if (!p) return n;
     long out = (long)p->sl + n - (long)p->dl;
     if (out + (nul ? 1 : 0) > cap) return n;
+    memmove(buf + p->sl, buf + p->dl, (size_t)(n - (long)p->dl));
     memcpy(buf, g_pmtext + p->src, p->sl);
-    memcpy(buf + p->sl, tmp + p->dl, (size_t)(n - (long)p->dl));
     if (nul) buf[out] = 0;
     return out;
 }
-
 
 /* An AF_UNIX address naming a path under a mapped root, as the kernel must see it (in
  * buf; *len adjusted), else sa itself. */
@@ -180,39 +182,39 @@ static const char *pm_rel(long dirfd, const char *path, char *buf) {
         }
         if (!above) return path;
     }
-    /* the recorded form of d, joined with path, "." and ".." folded */
-    char full[PATH_MAX];
+    /* the recorded form of d, joined with path, "." and ".." folded in place */
     n = pm_out(d, n, PATH_MAX, 1);
     size_t pl = s_len(path);
-    if ((size_t)n + 1 + pl + 1 > sizeof full) return path;
-    memcpy(full, d, (size_t)n);
-    full[n] = '/';
-    memcpy(full + n + 1, path, pl + 1);
+    if ((size_t)n + 1 + pl + 1 > PATH_MAX) return path;
+    memcpy(buf, d, (size_t)n);
+    buf[n] = '/';
+    memcpy(buf + n + 1, path, pl + 1);
     size_t w = 0;
-    for (size_t r = 0; full[r];) {
-        while (full[r] == '/') r++;
-        if (!full[r]) break;
+    for (size_t r = 0; buf[r];) { /* w <= r throughout: one buffer serves */
+        while (buf[r] == '/') r++;
+        if (!buf[r]) break;
         size_t e = r;
-        while (full[e] && full[e] != '/') e++;
-        if (e - r == 1 && full[r] == '.') {
-        } else if (e - r == 2 && full[r] == '.' && full[r + 1] == '.') {
+        while (buf[e] && buf[e] != '/') e++;
+        if (e - r == 1 && buf[r] == '.') {
+        } else if (e - r == 2 && buf[r] == '.' && buf[r + 1] == '.') {
             while (w > 0 && buf[w - 1] != '/') w--;
             if (w > 0) w--;
         } else {
             buf[w++] = '/';
-            memmove(buf + w, full + r, e - r);
+            memmove(buf + w, buf + r, e - r);
             w += e - r;
         }
         r = e;
     }
     if (!w) buf[w++] = '/';
+    if (pl && path[pl - 1] == '/' && w > 1) buf[w++] = '/';
     buf[w] = 0;
-    if (pl && path[pl - 1] == '/' && w > 1) { buf[w++] = '/'; buf[w] = 0; }
-    char tmp[PATH_MAX];
-    memcpy(tmp, buf, w + 1);
-    const char *m = pm_in(tmp, buf);
-    if (m == buf) return buf;      /* into a copy */
-    if (inside) return buf;        /* out of a copy: the live place, absolute */
+    const char *m = pm_in(buf, d);  /* d is free again: the mapped form goes there */
+    if (m == d) {                   /* into a copy */
+        memcpy(buf, d, s_len(d) + 1);
+        return buf;
+    }
+    if (inside) return buf;         /* out of a copy: the live place, absolute */
     return path;
 }
 

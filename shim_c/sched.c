@@ -150,7 +150,7 @@ static void note_stall(tls_t *t, uint32_t grant, int holder) {
     p = s_put(p, end, "\tholder="); p = u_put(p, end, (unsigned)holder);
     p = s_put(p, end, "\tturn="); p = u_put(p, end, grant);
     *p++ = '\n';
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    long fd = OWN4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (is_err(fd)) return;
     RS3(SYS_write, fd, line, p - line);
     RS1(SYS_close, fd);

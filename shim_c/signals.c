@@ -230,7 +230,7 @@ static int sent_by_tree(pid_t pid) {
     char *w = s_put(want, want + sizeof want - 1, "STENO_TAPE=");
     w = s_put(w, want + sizeof want - 1, g_tape);
     *w = 0;
-    long fd = RS4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
+    long fd = OWN4(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC, 0);
     if (is_err(fd)) return 0;
     long n = 0, r;
     while (n < (long)sizeof buf - 1 && (r = RS3(SYS_read, fd, buf + n, sizeof buf - 1 - n)) > 0)
@@ -494,7 +494,7 @@ static void sig_exec_arrived(void) {
     tape_path(path, 1, "premask");
     long n = tape_file_get(path, bits, NFATAL);
     if (n < 0) return;
-    RS1(SYS_unlink, path);
+    OWN1(SYS_unlink, path);
     if (n != (long)NFATAL) return;
     sigset_t u;
     sigemptyset(&u);

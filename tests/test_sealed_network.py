@@ -172,3 +172,36 @@ def test_a_resume_after_a_crash_at_a_curl_payment_pays_no_one_again(tmp_path: Pa
         assert svc.stats()["payments"] == 1, "the resume paid again"
     notes = [ln for ln in res.stderr.splitlines() if "were refused, not made again" in ln]
     assert len(notes) == 1 and "127.0.0.1" in notes[0], res.stderr
+
+
+NODE_FILES = """
+import subprocess
+js = ("const fs = require('fs'); fs.writeFileSync('out.txt', 'hi'); "
+      "fs.readFile(process.cwd() + '/data.txt', 'utf8', (e, d) => "
+      "console.log(d.trim(), fs.readdirSync('.').sort().join(','), process.cwd()))")
+print(subprocess.run(["node", "-e", js], capture_output=True, text=True).stdout)
+"""
+
+
+@pytest.mark.skipif(not shutil.which("node"), reason="node is not installed")
+def test_node_reads_and_writes_its_workspace_under_path_mapping(tmp_path: Path) -> None:
+    """Node's thread pool opens files from its own threads, each starting under the
+    path trap: the handler runs there on a thread's stack, and the shim's own tape files
+    pass untrapped (a worker died of SIGSEGV in the handler, node printed nothing)."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "data.txt").write_text("recorded\n")
+    (work / "n.py").write_text(NODE_FILES)
+    steno = tmp_path / "n.steno"
+    rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", PY, "n.py"], cwd=work,
+                         env=_env(), capture_output=True, text=True, timeout=120)
+    assert rec.returncode == 0 and "recorded data.txt,n.py,out.txt" in rec.stdout, rec.stderr
+    (work / "out.txt").unlink()
+    (work / "data.txt").write_text("changed since\n")
+    rep = subprocess.run([*CLI, "replay", "--json", str(steno)], cwd=work,
+                         env={**_env(), "STENOGRAPH_SEAL": "path-map"}, capture_output=True,
+                         text=True, timeout=120)
+    report = json.loads(rep.stdout.splitlines()[-1])
+    assert rep.returncode == 0 and all(report["identical"].values()), report
+    assert sorted(os.listdir(work)) == ["data.txt", "n.py"]
+    assert (work / "data.txt").read_text() == "changed since\n"
