@@ -5,7 +5,8 @@
  * workspace root its start snapshot, a name the recording made in /tmp an empty place,
  * /var/lib/libuuid its recorded state -- and lists the pairs in a file named by
  * STENO_PATHMAP ("src\tdst\n" lines; an empty dst keeps src as it is: a live directory
- * inside a mapped one). A seccomp filter traps every syscall that takes a path, wherever
+ * inside a mapped one; "src\tdst\tfresh": a temporary root, whose entries that exist live
+ * stay live and whose new names go to dst, as an overlay's upper layer would take them). A seccomp filter traps every syscall that takes a path, wherever
  * it is made from (the program, libc's own fts in `rm -r`, the shim's raw calls), except
  * the dynamic loader's and the handler's own (the cookie in the unused sixth argument);
  * the SIGSYS handler maps each absolute path under a src into its dst and makes the call.
@@ -33,7 +34,7 @@
 #define SYS_fchmodat2 452
 #endif
 
-typedef struct { uint32_t src, dst; uint16_t sl, dl; } pm_pair_t;
+typedef struct { uint32_t src, dst; uint16_t sl, dl; uint8_t fresh; } pm_pair_t;
 
 /* strlen for code that runs before relocation ends: the empty asm keeps the compiler
  * from turning the loop into a call through the (not yet bound) PLT */
@@ -46,6 +47,7 @@ static size_t pm_len(const char *s) {
 static char g_pmtext[PM_TEXT];
 static pm_pair_t g_pm[PM_PAIRS];
 static int g_npm;
+static int g_pm_keep; /* pairs that keep a directory inside a copy live (empty dst) */
 static char g_pmfile[512];
 
 /* ------------------------------------------------------------------ the map */
@@ -71,11 +73,18 @@ static void pm_load(const char *file) {
         if (at >= (uint32_t)n || g_pmtext[at] != '\t') break;
         g_pmtext[at++] = 0;
         t = at;
-        while (at < (uint32_t)n && g_pmtext[at] != '\n') at++;
+        while (at < (uint32_t)n && g_pmtext[at] != '\n' && g_pmtext[at] != '\t') at++;
         e = at;
-        g_pmtext[at++] = 0;
+        uint8_t fresh = 0; /* "\tfresh": only names that do not exist live are mapped */
+        if (at < (uint32_t)n && g_pmtext[at] == '\t') {
+            fresh = g_pmtext[at + 1] == 'f';
+            while (at < (uint32_t)n && g_pmtext[at] != '\n') at++;
+        }
+        g_pmtext[e] = 0;
+        at++;
         if (g_pmtext[s] != '/' || t - 1 - s < 2) continue;
-        g_pm[g_npm++] = (pm_pair_t){s, t, (uint16_t)(t - 1 - s), (uint16_t)(e - t)};
+        g_pm[g_npm++] = (pm_pair_t){s, t, (uint16_t)(t - 1 - s), (uint16_t)(e - t), fresh};
+        if (e == t) g_pm_keep++;
     }
 }
 
@@ -106,6 +115,18 @@ static const char *pm_in(const char *path, char *buf) {
     const pm_pair_t *p = pm_find(path, 0);
     if (!p || !p->dl) return path;
     size_t rest = s_len(path + p->sl);
+    if (p->fresh) { /* a temporary root: its entry is live if it exists live */
+        if (!rest) return path;
+        size_t k = 1;
+        while (path[p->sl + k] && path[p->sl + k] != '/') k++;
+        if (p->sl + k >= PATH_MAX) return path;
+        memcpy(buf, path, p->sl + k);
+        buf[p->sl + k] = 0;
+        struct stat st;
+        if (rsys(SYS_newfstatat, AT_FDCWD, (long)buf, (long)&st, AT_SYMLINK_NOFOLLOW, 0,
+                 PM_COOKIE) != -ENOENT)
+            return path;
+    }
     if (p->dl + rest + 1 > PATH_MAX) return path;
     memcpy(buf, g_pmtext + p->dst, p->dl);
     memcpy(buf + p->dl, path + p->sl, rest + 1);
@@ -171,14 +192,14 @@ static const char *pm_rel(long dirfd, const char *path, char *buf) {
     if (n <= 0 || n >= PATH_MAX - 1 || d[0] != '/') return path;
     d[n] = 0;
     int inside = pm_find(d, 1) != NULL;
-    if (!dotdot) {
-        if (inside) return path;
+    if (!dotdot && inside && !g_pm_keep) return path; /* stays in the copy */
+    if (!dotdot && !inside) {
         int above = 0; /* some src lies under d */
         for (int i = 0; i < g_npm && !above; i++) {
             const char *k = g_pmtext + g_pm[i].src;
             size_t j = 0;
             while (j < (size_t)n && k[j] == d[j]) j++;
-            above = j == (size_t)n && (k[n] == '/' || (n == 1 && d[0] == '/'));
+            above = j == (size_t)n && (k[n] == '/' || !k[n] || (n == 1 && d[0] == '/'));
         }
         if (!above) return path;
     }
@@ -320,14 +341,14 @@ typedef struct { void *handler; unsigned long flags; void *restorer; uint64_t ma
 
 /* rt_sigprocmask, done on the mask sigreturn restores: SIGSYS stays deliverable. */
 static long pm_sigprocmask(long how, const uint64_t *set, uint64_t *old, ucontext_t *uc) {
-    uint64_t cur;
+    uint64_t cur, want = set ? *set : 0; /* read before *old is written: they may alias */
     memcpy(&cur, &uc->uc_sigmask, sizeof cur);
+    if (set && how != SIG_BLOCK && how != SIG_UNBLOCK && how != SIG_SETMASK) return -EINVAL;
     if (old) *old = cur;
     if (!set) return 0;
-    if (how == SIG_BLOCK) cur |= *set;
-    else if (how == SIG_UNBLOCK) cur &= ~*set;
-    else if (how == SIG_SETMASK) cur = *set;
-    else return -EINVAL;
+    if (how == SIG_BLOCK) cur |= want;
+    else if (how == SIG_UNBLOCK) cur &= ~want;
+    else cur = want;
     cur &= ~PM_SYSBIT;
     memcpy(&uc->uc_sigmask, &cur, sizeof cur);
     return 0;
@@ -474,7 +495,7 @@ static void pm_put_handler(void) {
  * constructor makes a path call. No libc, no PLT: nothing is bound yet. */
 static void pm_early(void) {
     if (rsys(SYS_prctl, PR_GET_SECCOMP, 0, 0, 0, 0, PM_COOKIE) != 2) return;
-    static char env[64 * 1024];
+    static char env[512 * 1024]; /* the whole initial environment (ours comes last) */
     long fd = rsys(SYS_openat, AT_FDCWD, (long)"/proc/self/environ", O_RDONLY | O_CLOEXEC, 0,
                    0, PM_COOKIE);
     if (is_err(fd)) return;

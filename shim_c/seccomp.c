@@ -81,6 +81,8 @@ static void net_key(char *out, char *end, const struct sockaddr *sa, socklen_t l
         const unsigned char *b = (const unsigned char *)((const struct sockaddr_un *)sa)->sun_path;
         size_t n = len > offsetof(struct sockaddr_un, sun_path)
                        ? len - offsetof(struct sockaddr_un, sun_path) : 0;
+        if (n > sizeof((struct sockaddr_un *)0)->sun_path)
+            n = sizeof((struct sockaddr_un *)0)->sun_path; /* the kernel's EINVAL to come */
         if (n && b[0]) n = strnlen((const char *)b, n); /* a path: up to its NUL */
         if (n && b[0] && b[0] != '/') { /* relative: from the working directory, as the
                                           * program sees it (mapped back under path-map) */
@@ -211,7 +213,8 @@ static long net_trapped(int nr, greg_t *g) {
     int e;
     struct sockaddr_un un; /* the kernel's view of an AF_UNIX path under path mapping */
     socklen_t ulen = (socklen_t)a2;
-    if (g_mode != MODE_REPLAY) { /* a resumed or forked process gone live: the world */
+    if (g_mode != MODE_REPLAY || !(g_nonet || g_resume)) { /* gone live, or a replay
+                                                              * with --allow-network */
         if (nr == SYS_connect || nr == SYS_bind)
             a1 = (long)pm_sun((const struct sockaddr *)a1, &ulen, &un), a2 = ulen;
         return rsys(nr, a0, a1, a2, a3, a4, NET_COOKIE);

@@ -172,6 +172,7 @@ print(run("git add -A && git -c user.name=a -c user.email=a@b commit -qm two && 
 print(run("cd src && tar cf ../src.tar . && cd .. && tar tf src.tar | sort").stdout)
 print(run("cat .env | wc -c; readlink -f link; cd $(pwd)/src && /bin/pwd").stdout)
 print(run(f"ls {t} && rm -r {t} && echo gone").stdout)
+print(run("ls; cat node_modules/pkg/index.js; ls node_modules").stdout)  # left out: live
 if len(sys.argv) > 1:
     print(run("/sbin/ldconfig -p | head -1").returncode)
 """
@@ -182,6 +183,8 @@ def _tools_workspace(base: Path, name: str) -> Path:
     script = (f"mkdir -p {ws}/src/pkg {ws}/old && cd {ws} && "
               "echo 'print(1)' > src/pkg/m.py && echo data > old/f && "
               "echo 'API_KEY=sk-live-0123456789abcdef0123' > .env && "
+              "mkdir -p node_modules/pkg && echo 'module.exports = 1' > "
+              "node_modules/pkg/index.js && "
               f"ln -s {ws}/src/pkg/m.py link && git init -q && git add -A && "
               "git -c user.name=a -c user.email=a@b commit -qm one && cat > tools.py")
     subprocess.run(_as_nobody(["sh", "-c", script], base), input=TOOLS, text=True,
@@ -198,7 +201,8 @@ def test_tools_that_are_other_programs_replay_without_touching_the_workspace(
     steno = base / f"tools-{kind}.steno"
     rec = _run([*cli, "record", "-o", str(steno), "--", py, "tools.py"], base, ws, wrap=wrap)
     assert rec.returncode == 0, rec.stderr
-    assert "gone" in rec.stdout, rec.stdout
+    assert "gone" in rec.stdout and "module.exports = 1" in rec.stdout, rec.stdout
+    assert "node_modules" in rec.stdout.split("module.exports")[0], rec.stdout
     subprocess.run(_as_nobody(["sh", "-c", "git reset -q --hard HEAD~1 && rm -rf build "
                                            "src.tar"],
                               base), cwd=ws, check=True, env=_env(base))

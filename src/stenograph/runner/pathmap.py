@@ -10,8 +10,10 @@ name a place (``getcwd``, ``readlink``) back. This module makes those places fro
 * a workspace root: its restored start snapshot, with what the overlay would show through
   from the live directory (a file the rules left out) copied in, and each live directory
   the overlay binds back (a virtualenv, caches, stenograph itself) kept live;
-* a name the recording made in a temporary directory: an empty private place, so an
-  exclusive creation of that name finds it free, as the recording did;
+* a temporary directory: a name the recording made there, an empty private place (an
+  exclusive creation of that name finds it free, as the recording did); any other name
+  that does not exist live, a private place too (what the replay makes there); what
+  exists live stays live;
 * a host state directory (``/var/lib/libuuid``): its recorded files.
 
 Everything else is the live file system, read and written as it is -- as in the mount
@@ -20,6 +22,7 @@ namespace, where only the sealed paths are covered.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -34,9 +37,9 @@ PAIRS_MAX = 1024  # shim_c/pathmap.c PM_PAIRS
 TEXT_MAX = 256 * 1024  # shim_c/pathmap.c PM_TEXT
 
 
-Shape = tuple[str, int, int, int]
-"""What a file of a private copy was before the run: kind, size, mtime_ns, inode (a
-symlink's kind carries its target)."""
+Shape = tuple[str, int, int, int, int]
+"""What a file of a private copy was before the run: kind, size, mtime_ns, inode, mode
+(a symlink's kind carries its target; ``o``: a fifo or socket, not carried)."""
 
 
 @dataclass
@@ -47,6 +50,8 @@ class Copy:
     place: Path
     name: str
     before: dict[str, Shape]
+    target: str = ""
+    """The recorded path the copy stands for (a symlink into the copy points there)."""
 
 
 @dataclass
@@ -56,6 +61,8 @@ class PathMap:
 
     file: Path
     pairs: list[tuple[str, str]] = field(default_factory=list)
+    fresh: list[tuple[str, str]] = field(default_factory=list)
+    """Temporary roots: an entry that exists live stays live, a new name goes to dst."""
     copies: list[Copy] = field(default_factory=list)
     keep_writes: str | None = None
 
@@ -79,8 +86,9 @@ class PathMap:
         return best[1] + path[len(best[0]):]
 
     def write(self) -> None:
-        text = "".join(f"{s}\t{d}\n" for s, d in self.pairs)
-        if len(self.pairs) > PAIRS_MAX or len(text.encode()) >= TEXT_MAX:
+        text = "".join(f"{s}\t{d}\n" for s, d in self.pairs) + "".join(
+            f"{s}\t{d}\tfresh\n" for s, d in self.fresh)
+        if len(self.pairs) + len(self.fresh) > PAIRS_MAX or len(text.encode()) >= TEXT_MAX:
             raise BadInput(f"the replay's path mapping needs {len(self.pairs)} pairs "
                            f"({len(text)} bytes), more than the shim holds ({PAIRS_MAX}, "
                            f"{TEXT_MAX}); run as root or where user namespaces are allowed")
@@ -94,11 +102,11 @@ def build(seal: Seal, roots: Sequence[str]) -> PathMap:
     stage.mkdir(parents=True, exist_ok=True)
     pm = PathMap(stage / "pathmap")
     for i, root in enumerate(roots):
+        place = stage / f"t{i}"
+        place.mkdir()
         names = [n for n in seal.hide.get(root, ()) if "/" not in n and n not in (".", "..")]
-        if names:
-            place = stage / f"t{i}"
-            place.mkdir()
-            pm.pairs += [(os.path.join(root, n), str(place / n)) for n in names]
+        pm.pairs += [(os.path.join(root, n), str(place / n)) for n in names]
+        pm.fresh.append((root, str(place)))  # what the replay makes there: private
     for i, (d, files) in enumerate(seal.state.items()):
         if not os.path.isdir(d):
             continue
@@ -116,7 +124,7 @@ def build(seal: Seal, roots: Sequence[str]) -> PathMap:
         pm.pairs.append((m.target, str(lower)))
         _retarget(lower, m.target)
         if seal.keep_writes:
-            pm.copies.append(Copy(lower, m.name, _shapes(lower)))
+            pm.copies.append(Copy(lower, m.name, _shapes(lower), m.target))
     for k in seal.keep:  # the tape, the store: always the real ones
         if pm.map(k) != k:
             pm.pairs.append((k, ""))
@@ -132,8 +140,10 @@ def _shapes(top: Path) -> dict[str, Shape]:
             p = os.path.join(dirpath, name)
             st = os.lstat(p)
             kind = ("l:" + os.readlink(p) if stat.S_ISLNK(st.st_mode) else
-                    "d" if stat.S_ISDIR(st.st_mode) else "f")
-            out[os.path.relpath(p, top)] = (kind, st.st_size, st.st_mtime_ns, st.st_ino)
+                    "d" if stat.S_ISDIR(st.st_mode) else
+                    "f" if stat.S_ISREG(st.st_mode) else "o")
+            out[os.path.relpath(p, top)] = (kind, st.st_size, st.st_mtime_ns, st.st_ino,
+                                            st.st_mode)
     return out
 
 
@@ -152,22 +162,35 @@ def _upper(c: Copy, upper: Path) -> None:
             continue
         if was == shape:
             continue
+        if shape[0] == "o" or any(now.get(a, ("d",))[0] != "d" for a in _parents(rel)):
+            continue  # a fifo or socket: nothing to carry
         dst = upper / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(dst):
+            continue
         if shape[0].startswith("l:"):
-            os.symlink(shape[0][2:], dst)
+            to = shape[0][2:]
+            here = str(c.place)
+            if c.target and (to == here or to.startswith(here + "/")):
+                to = c.target.rstrip("/") + to[len(here):]  # the shim put it in the copy
+            os.symlink(to, dst)
         else:
             shutil.copy2(c.place / rel, dst)
     for rel in sorted(set(c.before) - set(now)):
         parent = os.path.dirname(rel)
-        if parent and parent not in now:
-            continue  # its directory went too: one whiteout, there
+        if parent and (parent not in now or now[parent][0] != "d"):
+            continue  # its directory went too (or became a file): one whiteout, there
         dst = upper / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         os.mknod(dst, stat.S_IFCHR | 0o600, 0)
     for rel in sorted(now, reverse=True):  # directories' times: as the copy has them
         if now[rel][0] == "d" and (upper / rel).is_dir():
             shutil.copystat(c.place / rel, upper / rel)
+
+
+def _parents(rel: str) -> list[str]:
+    parts = rel.split("/")[:-1]
+    return ["/".join(parts[:i + 1]) for i in range(len(parts))]
 
 
 class MappedHold:
@@ -224,8 +247,10 @@ def _merge(lower: Path, live: str, binds: Iterable[str]) -> list[str]:
                 st = os.lstat(src)
             except OSError:
                 continue
-            if stat.S_ISDIR(st.st_mode):
+            if stat.S_ISDIR(st.st_mode):  # kept live; a place-holder lists it
                 kept.append(src)
+                with contextlib.suppress(OSError):
+                    os.mkdir(os.path.join(dirpath, name), stat.S_IMODE(st.st_mode))
                 continue
             dst = os.path.join(dirpath, name)
             try:
