@@ -146,10 +146,10 @@ def test_a_user_records_and_replays_sealed(user: tuple[str, Path],
         if not flags:
             assert report["divergences"] == [] and all(report["identical"].values()), report
     assert _digest(ws) == before, "a replay wrote into the real workspace"
-    # judged from another directory, as another shell would
-    rep = _run([*cli, "replay", str(base / f"{name}.steno")], base, base, wrap=wrap)
-    assert rep.returncode == 0, rep.stderr
-    assert "bit-identical" in rep.stderr
+    if kind == "user-namespace":  # judged from another directory, as another shell would
+        rep = _run([*cli, "replay", str(base / f"{name}.steno")], base, base, wrap=wrap)
+        assert rep.returncode == 0, rep.stderr
+        assert "bit-identical" in rep.stderr
     # what it wrote, kept aside on request: the overlay's upper layer, or its likeness
     keep = base / f"kept-{kind}"
     rep = _run([*cli, "replay", str(base / f"{name}.steno"), "--keep-writes", str(keep)],
