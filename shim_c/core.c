@@ -516,8 +516,9 @@ static void await_kill(void) {
  * wait, a blocking read: a heartbeat, a progress bar's refresher): the exit stopped it
  * there, before its next record. So it waits here, off the schedule, for the replayed
  * exit to end it; if none comes (the program waits for this thread: a real divergence),
- * it is reported after EXIT_PARK_MS. */
-#define EXIT_PARK_MS 10000
+ * it is reported after EXIT_PARK_MS (as long as a diverged tree gets to end by itself,
+ * launch.DIVERGED_GRACE). */
+#define EXIT_PARK_MS 3000
 static void park_at_exit(tls_t *t) {
     sched_release(t);
     for (int i = 0; i < EXIT_PARK_MS; i++) {
