@@ -279,8 +279,21 @@ static char *describe(char *p, char *end, int ch, int op, const unsigned char *a
     return s_put(p, end, ")");
 }
 
-static void append_report(const char *line, size_t n) {
+/* One line onto TAPE/<name> (O_APPEND, one raw write; the cookie: never trapped, so it
+ * is safe from inside the SIGSYS handler). */
+static void tape_append(const char *name, const char *line, size_t n) {
     char path[1100];
+    char *p = s_put(path, path + sizeof path - 1, g_tape);
+    p = s_put(p, path + sizeof path - 1, "/");
+    p = s_put(p, path + sizeof path - 1, name);
+    *p = 0;
+    long fd = OWN4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (is_err(fd)) return;
+    OWN3(SYS_write, fd, line, n);
+    OWN1(SYS_close, fd);
+}
+
+static void append_report(const char *line, size_t n) {
     char kept[2048];
     if (UNLIKELY(g_build) && n > 11 && starts(line, "divergence\t")) {
         /* build mode: a finding of the shim's own (a pipe's shape, a child, a signal) is
@@ -298,13 +311,7 @@ static void append_report(const char *line, size_t n) {
         line = kept;
         n = n - 10 + 5;
     }
-    char *p = s_put(path, path + sizeof path - 1, g_tape);
-    p = s_put(p, path + sizeof path - 1, "/divergence");
-    *p = 0;
-    long fd = OWN4(SYS_openat, AT_FDCWD, path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (is_err(fd)) return;
-    RS3(SYS_write, fd, line, n);
-    RS1(SYS_close, fd);
+    tape_append("divergence", line, n);
 }
 
 static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, int op,

@@ -323,15 +323,7 @@ static void pm_refuse(const char *path, const char *why) {
     p = s_put(p, end, "; a replay sealed by path mapping cannot run it (run as root or "
                       "where user namespaces are allowed)");
     *p++ = '\n';
-    char file[1100];
-    char *f = s_put(file, file + sizeof file - 1, g_tape);
-    f = s_put(f, file + sizeof file - 1, "/divergence");
-    *f = 0;
-    long fd = rsys(SYS_openat, AT_FDCWD, (long)file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC,
-                   0644, 0, PM_COOKIE);
-    if (is_err(fd)) return;
-    rsys(SYS_write, fd, (long)line, p - line, 0, 0, PM_COOKIE);
-    rsys(SYS_close, fd, 0, 0, 0, 0, PM_COOKIE);
+    tape_append("divergence", line, (size_t)(p - line));
 }
 
 #define PM_SYSBIT (1ULL << (SIGSYS - 1))

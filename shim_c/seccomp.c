@@ -168,14 +168,7 @@ static void net_refused(const struct sockaddr *sa, socklen_t len, int type, cons
     p = s_put(p, end, g_proc);
     p = s_put(p, end, ")");
     *p++ = '\n';
-    char path[1100], *q = s_put(path, path + sizeof path - 1, g_tape);
-    q = s_put(q, path + sizeof path - 1, "/refused");
-    *q = 0;
-    long f = rsys(SYS_openat, AT_FDCWD, (long)path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC,
-                  0644, 0, NET_COOKIE);
-    if (is_err(f)) return;
-    rsys(SYS_write, f, (long)line, p - line, 0, 0, NET_COOKIE);
-    rsys(SYS_close, f, 0, 0, 0, 0, NET_COOKIE);
+    tape_append("refused", line, (size_t)(p - line));
 }
 
 /* 0 if the replay may reach `sa` from socket `fd`, else the errno it is refused with. */
