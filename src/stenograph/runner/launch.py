@@ -328,18 +328,15 @@ def run_under_shim(
         _adopt_orphans()
     sealed_cwd = (held.cwd or cwd) if held is not None else seal.cwd if seal is not None \
         else None
-    held_cwd = held.cwd if held is not None else None
-    exe, pm, own_pm = prog, None, False
-    if isinstance(held, pathmap.MappedHold):  # the shim seals: no namespace
-        pm, sealed_cwd, held = held.pathmap, None, None
-        cwd = pm.map(os.path.abspath(str(held_cwd or cwd or os.getcwd())))
+    exe, pm, own_pm = prog, None, False  # sealed by the shim's path mapping: no namespace
+    if isinstance(held, pathmap.MappedHold):
+        pm, start, held = held.pathmap, held.cwd, None
     elif seal is not None and seal_kind() == "path-map":
-        pm, own_pm = pathmap.build(seal, seal_roots(env)), True
-        cwd = pm.map(os.path.abspath(str(seal.cwd or cwd or os.getcwd())))
-        seal, sealed_cwd = None, None
+        pm, own_pm, start, seal = pathmap.build(seal, seal_roots(env)), True, seal.cwd, None
     if pm is not None:
+        cwd = pm.map(os.path.abspath(str(start or cwd or os.getcwd())))
+        sealed_cwd, exe = None, pm.map(prog)
         env = {**env, "STENO_PATHMAP": str(pm.file)}
-        exe = pm.map(prog)
     try:
         with why_pipe() as why_w, \
                 _aslr_off_for_children() if aslr_off else contextlib.nullcontext():
