@@ -268,6 +268,27 @@ static char *describe(char *p, char *end, int ch, int op, const unsigned char *a
         if (i2) { p = s_put(p, end, ", flags="); p = i_put(p, end, i2); }
         break;
     }
+    case CH_NET:
+        if (op == OP_NET_CONNECT && n >= 8) {
+            uint16_t fam, port;
+            uint32_t k;
+            memcpy(&fam, a, 2); memcpy(&port, a + 2, 2); memcpy(&k, a + 4, 4);
+            char s[64];
+            if (fam == AF_UNIX) {
+                p = s_put(p, end, "unix ");
+                for (uint32_t i = 0; i < k && 8 + i < n && p < end; i++)
+                    *p++ = a[8 + i] ? (char)a[8 + i] : '@';
+            } else if (n >= 8 + k && inet_ntop(fam, a + 8, s, sizeof s)) {
+                p = s_put(p, end, s);
+                p = s_put(p, end, ":");
+                p = u_put(p, end, port);
+            }
+        } else if (op == OP_NET_EPOLL && n >= 4) {
+            p = s_put(p, end, "timeout_ms="); p = i_put(p, end, i1);
+        } else if (n >= 4) {
+            p = s_put(p, end, "connection #"); p = u_put(p, end, (uint32_t)i1);
+        }
+        break;
     case CH_IO:
         if (op == OP_IO_READ) { p = s_put(p, end, "size="); p = u_put(p, end, (uint32_t)i1); }
         if (op == OP_IO_POLL && n >= 8) {
@@ -631,6 +652,23 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
     else if (!g_lenient) diverged();
     inshim_leave();
     return NULL;
+}
+
+/* Replay: is the next record of (t, ch) op with these argument bytes? 1 yes, 0 no (a
+ * record of something else), -1 the stream has ended. Nothing is consumed or reported. */
+static int tape_peek(tls_t *t, int ch, int op, const void *args, uint32_t argn) {
+    stream_t *s = &t->st[ch];
+    if (UNLIKELY(!s->mapped)) {
+        inshim_enter();
+        map_stream(t, ch);
+        inshim_leave();
+    }
+    if (s->off + 8 > s->size) return -1;
+    const unsigned char *rh = s->base + s->off;
+    uint32_t n;
+    memcpy(&n, rh + 4, 4);
+    return rh[0] == ch && rh[1] == op && n >= argn && s->off + 8 + n <= s->size &&
+           !memcmp(rh + 8, args, argn);
 }
 
 /* ------------------------------------------------------------------ the one decision */

@@ -22,7 +22,10 @@ static inline void pfd_set(int fd, int on) {
 EXPORT int pipe2(int fds[2], int flags) {
     long r = RS2(SYS_pipe2, fds, flags);
     if (is_err(r)) { errno = (int)-r; return -1; }
-    if (g_mode) { pfd_set(fds[0], 1); pfd_set(fds[1], 1); rfd_set(fds[0], 0); rfd_set(fds[1], 0); }
+    if (g_mode) {
+        pfd_set(fds[0], 1); pfd_set(fds[1], 1); rfd_set(fds[0], 0); rfd_set(fds[1], 0);
+        nfd_clear(fds[0]); nfd_clear(fds[1]);
+    }
     return 0;
 }
 EXPORT int pipe(int fds[2]) { return pipe2(fds, 0); }
@@ -30,13 +33,17 @@ EXPORT int pipe(int fds[2]) { return pipe2(fds, 0); }
 EXPORT int socketpair(int dom, int type, int proto, int sv[2]) {
     long r = RS4(SYS_socketpair, dom, type, proto, sv);
     if (is_err(r)) { errno = (int)-r; return -1; }
-    if (g_mode) { pfd_set(sv[0], dom == AF_UNIX); pfd_set(sv[1], dom == AF_UNIX); }
+    if (g_mode) {
+        pfd_set(sv[0], dom == AF_UNIX); pfd_set(sv[1], dom == AF_UNIX);
+        nfd_clear(sv[0]); nfd_clear(sv[1]);
+    }
     return 0;
 }
 
 static void dup_marks(int from, int to) {
     pfd_set(to, pfd_is(from));
     rfd_set(to, rfd_is(from));
+    nfd_dup(from, to);
 }
 EXPORT int dup2(int from, int to) {
     long r = RS2(SYS_dup2, from, to);
@@ -54,6 +61,7 @@ EXPORT int dup3(int from, int to, int flags) {
 EXPORT int close(int fd) {
     if (UNLIKELY(rfd_is(fd))) rfd_set(fd, 0);
     if (UNLIKELY(pfd_is(fd))) pfd_set(fd, 0);
+    nfd_clear(fd);
     RESOLVE(close);
     return real_close(fd);
 }
@@ -304,6 +312,7 @@ EXPORT int waitid(idtype_t idtype, id_t id, siginfo_t *info, int options) {
 EXPORT ssize_t read(int fd, void *buf, size_t n) {
     if (UNLIKELY(rfd_is(fd)) && ACTIVE()) return entropy(CALL_SITE(), OP_RANDOM_READ, buf, n, 0, fd);
     if (UNLIKELY(pfd_is(fd)) && ACTIVE()) return GATED(OP_SCHED_IO, 1, io_read(fd, buf, n));
+    if (NET_ON(fd)) return GATED(OP_SCHED_IO, may_block(fd, 0), net_recv1(fd, buf, n, 0, NULL, NULL));
     RESOLVE(read);
     return real_read(fd, buf, n);
 }
@@ -353,6 +362,6 @@ static int io_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
 static int poll_shaped(const struct pollfd *fds, nfds_t nfds) {
     if (nfds > IO_POLL_MAX) return 0;
     for (nfds_t i = 0; i < nfds; i++)
-        if (pfd_is(fds[i].fd)) return 1;
+        if (pfd_is(fds[i].fd) || nfd_is(fds[i].fd)) return 1;
     return 0;
 }

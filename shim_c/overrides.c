@@ -13,6 +13,7 @@ static int open_common(int dirfd, const char *path, int flags, mode_t mode) {
     if (is_err(fd)) { errno = (int)-fd; return -1; }
     if (g_mode && is_random_path(path)) rfd_set((int)fd, 1);
     else if (g_mode) rfd_set((int)fd, 0);
+    if (g_mode) nfd_clear((int)fd);
     return (int)fd;
 }
 

@@ -731,9 +731,6 @@ static void sched_after_fork_child(void) {
     T.holding = 0;
 }
 
-/* Socket waits of program code (a server thread's accept, a recv on a socketpair between
- * threads); the Python hooks' own socket calls run paused, unscheduled. */
-
 /* Only a call that can block hands the baton on. One that cannot (a non-blocking socket,
  * MSG_DONTWAIT) keeps it: released, whether it found data or EAGAIN would depend on
  * whether another thread's write came first -- asyncio's self-pipe drain loops on recv
@@ -744,18 +741,3 @@ static int may_block(int fd, int flags) {
     return is_err(fl) || !(fl & O_NONBLOCK);
 }
 
-EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *sa,
-                        socklen_t *sl) {
-    return GATED(OP_SCHED_IO, may_block(fd, flags),
-                 sys_ret(RS6(SYS_recvfrom, fd, buf, n, flags, sa, sl)));
-}
-EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags) {
-    return recvfrom(fd, buf, n, flags, NULL, NULL);
-}
-EXPORT ssize_t recvmsg(int fd, struct msghdr *mh, int flags) {
-    return GATED(OP_SCHED_IO, may_block(fd, flags), sys_ret(RS3(SYS_recvmsg, fd, mh, flags)));
-}
-EXPORT int accept4(int fd, struct sockaddr *sa, socklen_t *sl, int flags) {
-    return (int)GATED(OP_SCHED_IO, may_block(fd, 0), sys_ret(RS4(SYS_accept4, fd, sa, sl, flags)));
-}
-EXPORT int accept(int fd, struct sockaddr *sa, socklen_t *sl) { return accept4(fd, sa, sl, 0); }

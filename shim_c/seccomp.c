@@ -70,9 +70,12 @@ static char *hex_put(char *p, char *end, uint64_t v) {
     return p;
 }
 
-/* TAPE/net/<key> of the address `sa` (TAPE/net itself if !sa). */
-static void net_key(char *out, char *end, const struct sockaddr *sa, socklen_t len, int type) {
-    char *p = s_put(out, end, g_tape);
+/* <base>/net/<key> of the address `sa` (<base>/net itself if !sa). The base is TAPE at
+ * replay; while recording, the recorder's socket directory (net_base). */
+static void net_key_in(char *out, char *end, const char *base, size_t blen,
+                       const struct sockaddr *sa, socklen_t len, int type) {
+    char *p = out;
+    for (size_t i = 0; i < blen && p < end; i++) *p++ = base[i];
     p = s_put(p, end, "/net");
     *p = 0;
     if (!sa) return;
@@ -113,6 +116,17 @@ static void net_key(char *out, char *end, const struct sockaddr *sa, socklen_t l
     *p = 0;
 }
 
+static void net_key(char *out, char *end, const struct sockaddr *sa, socklen_t len, int type) {
+    net_key_in(out, end, g_tape, s_len(g_tape), sa, len, type);
+}
+
+/* Recording: the binds of the tree are noted beside the recorder's socket. */
+static size_t net_base(void) {
+    size_t d = s_len(g_sockpath);
+    while (d && g_sockpath[d - 1] != '/') d--;
+    return d > 1 ? d - 1 : 0;
+}
+
 static int net_type(long fd) {
     int type = 0;
     socklen_t tl = sizeof type;
@@ -124,19 +138,47 @@ static int net_is_local(const struct sockaddr *sa) {
     return sa->sa_family == AF_UNIX || sa->sa_family == AF_INET || sa->sa_family == AF_INET6;
 }
 
-static void net_register(long fd) {
+static void net_register_in(long fd, const char *base, size_t blen) {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
     if (is_err(rsys(SYS_getsockname, fd, (long)&ss, (long)&len, 0, 0, NET_COOKIE))) return;
     const struct sockaddr *sa = (const struct sockaddr *)&ss;
     if (!net_is_local(sa)) return;
     char path[1300];
-    net_key(path, path + sizeof path - 1, NULL, 0, 0);
+    net_key_in(path, path + sizeof path - 1, base, blen, NULL, 0, 0);
     rsys(SYS_mkdirat, AT_FDCWD, (long)path, 0755, 0, 0, NET_COOKIE);
-    net_key(path, path + sizeof path - 1, sa, len, net_type(fd));
+    net_key_in(path, path + sizeof path - 1, base, blen, sa, len, net_type(fd));
     long f = rsys(SYS_openat, AT_FDCWD, (long)path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644, 0,
                   NET_COOKIE);
     if (!is_err(f)) rsys(SYS_close, f, 0, 0, 0, 0, NET_COOKIE);
+}
+
+static void net_register(long fd) { net_register_in(fd, g_tape, s_len(g_tape)); }
+
+/* Recording (net.c's bind): the address is the tree's own from now on. */
+static void net_note_bind(int fd) {
+    size_t b = net_base();
+    if (b) net_register_in(fd, g_sockpath, b);
+}
+
+/* Did a process of the tree bind `sa`? Asked by the connect of a recording (net.c): a
+ * connection to it stays live at both ends, untaped. A resume that went live asks the
+ * replayed prefix's binds too. */
+static int net_tree(const struct sockaddr *sa, socklen_t len, int type) {
+    if (!net_is_local(sa)) return 0;
+    if (sa->sa_family != AF_UNIX && net_remote(sa, len)) return 0;
+    char path[1300];
+    struct stat st;
+    size_t b = net_base();
+    if (b) {
+        net_key_in(path, path + sizeof path - 1, g_sockpath, b, sa, len, type);
+        if (!is_err(OWN4(SYS_newfstatat, AT_FDCWD, path, &st, 0))) return 1;
+    }
+    if (g_tape[0]) {
+        net_key(path, path + sizeof path - 1, sa, len, type);
+        if (!is_err(OWN4(SYS_newfstatat, AT_FDCWD, path, &st, 0))) return 1;
+    }
+    return 0;
 }
 
 static int g_refusals;

@@ -138,7 +138,7 @@ static char g_extra[8192];
 static size_t g_extra_len; /* compared against nonnull-declared arguments */
 
 static const char *const CH_NAMES[NCH] = {"?", "clock", "entropy", "dirents", "identity", "wait",
-                                          "io", "sched", "meta", "signal"};
+                                          "io", "sched", "meta", "signal", "net"};
 
 /* ------------------------------------------------------------------ wrapped symbols */
 

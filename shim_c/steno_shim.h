@@ -7,8 +7,9 @@
 #ifndef STENO_SHIM_H
 #define STENO_SHIM_H
 
-#define STENO_PROTOCOL 3 /* 2: sched, meta, signal channels; pid, exit and interface ops; loop ticks
-                          * 3: getpid is not taped per call (the procinfo record has it) */
+#define STENO_PROTOCOL 4 /* 2: sched, meta, signal channels; pid, exit and interface ops; loop ticks
+                          * 3: getpid is not taped per call (the procinfo record has it)
+                          * 4: the net channel (connections outside the tree) */
 /* (the tape's bytes are unchanged by the shared rings below: how records travel to the
  * recorder is not part of what a recording holds) */
 
@@ -22,6 +23,8 @@
                        * with it (SCM_RIGHTS) the first time, a reconnect names it by id */
 #define MSG_NUDGE 5   /* a ring is half full: drain soon (no answer) */
 #define MSG_BIG 6     /* one record too big for a ring: drain, append it, answer one byte */
+#define MSG_SYNC 7    /* drain every process's rings, make the log durable, then answer one
+                       * byte: a connection outside the tree is on disk before it is used */
 
 /* The shared rings (ring.c; read by stenograph.recorder.rings): one memfd arena per
  * process, mapped by the process and by the recorder, so a record is the recorder's the
@@ -57,7 +60,8 @@
 #define CH_SCHED 7
 #define CH_META 8
 #define CH_SIGNAL 9
-#define NCH 10
+#define CH_NET 10
+#define NCH 11
 
 /* clock ops: payload  i32 arg | i32 rc | i64 a | i64 b   (args prefix: 4 bytes) */
 #define OP_CLOCK_GETTIME 1 /* arg clock id, a/b = sec/nsec */
@@ -137,6 +141,22 @@
 /* signal ops: where an asynchronous signal's handler ran (signals.c) */
 #define OP_SIG_RUN 1 /* u32 pos (records so far on the thread's other streams) | u32 k (mask
                       * calls since) | i32 sig | u32 flags (1 = ran untaped) | siginfo (128) */
+
+/* net ops: a connection to a peer outside the recorded tree (net.c). Every record but
+ * connect's and epoll's starts with u32 connection (numbered per process, in connect
+ * order); replay serves them all and opens nothing. */
+#define OP_NET_CONNECT 1 /* u16 family | u16 port | u32 n | address[n] (IPv4/IPv6 bytes, unix
+                          * name) | i32 result (0 or -errno: EINPROGRESS, ECONNREFUSED...) */
+#define OP_NET_SEND 2    /* u32 conn | u32 asked | i32 result | u64 FNV-1a of the bytes taken |
+                          * u32 head | u32 0 | the first head (<= 64) of them */
+#define OP_NET_RECV 3    /* u32 conn | u32 asked | i32 result | i32 msg_flags | u32 alen |
+                          * sender address[alen] | bytes[min(result, asked)] */
+#define OP_NET_CALL 4    /* u32 conn | u32 kind | i32 level | i32 name | i32 rc | u32 n | bytes[n]
+                          * kind: 1 getsockopt, 2 getsockname, 3 getpeername, 4 setsockopt,
+                          * 5 shutdown (level = how) */
+#define OP_NET_EPOLL 5   /* i32 timeout_ms | i32 maxevents | i32 result | u32 n | n x (u32 conn
+                          * (~0: another fd) | u32 events | u64 data): a wait of an epoll set
+                          * holding connections, every event it returned */
 
 #define DIVERGENCE_EXIT 86
 

@@ -20,6 +20,7 @@ EXPORT long syscall(long n, ...) {
         case SYS_time: return time((time_t *)a);
         case SYS_nanosleep: return nanosleep((const struct timespec *)a, (struct timespec *)b);
         case SYS_sched_yield: return sched_yield();
+        case SYS_close: return close((int)a); /* libuv's: the fd marks go with it */
         case SYS_futex: return sys_ret(sched_futex(a, b, c, d, e, f));
         }
     }

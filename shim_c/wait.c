@@ -188,8 +188,48 @@ EXPORT int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     return GATED(OP_SCHED_IO, timeout != 0 || T.gate_next, poll_taped(fds, nfds, timeout));
 }
 
+/* select() of sets holding a taped connection: asked as the poll() it amounts to, so the
+ * connection's readiness is taped and served like a poll's (io_poll). */
+static int select_as_poll(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv) {
+    struct pollfd pf[IO_POLL_MAX];
+    nfds_t n = 0;
+    for (int fd = 0; fd < nfds && fd < FD_SETSIZE; fd++) {
+        short ev = (short)((r && FD_ISSET(fd, r) ? POLLIN : 0) | (w && FD_ISSET(fd, w) ? POLLOUT : 0) |
+                           (x && FD_ISSET(fd, x) ? POLLPRI : 0));
+        if (!ev) continue;
+        if (n == IO_POLL_MAX) return -2;
+        pf[n++] = (struct pollfd){fd, ev, 0};
+    }
+    int ms = tv ? (int)(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000) : -1;
+    int k = io_poll(pf, n, ms);
+    if (k < 0) return -1;
+    if (r) FD_ZERO(r);
+    if (w) FD_ZERO(w);
+    if (x) FD_ZERO(x);
+    int bits = 0;
+    for (nfds_t i = 0; i < n; i++) {
+        short rv = pf[i].revents;
+        if (r && (pf[i].events & POLLIN) && (rv & (POLLIN | POLLHUP | POLLERR))) { FD_SET(pf[i].fd, r); bits++; }
+        if (w && (pf[i].events & POLLOUT) && (rv & (POLLOUT | POLLERR))) { FD_SET(pf[i].fd, w); bits++; }
+        if (x && (pf[i].events & POLLPRI) && (rv & POLLPRI)) { FD_SET(pf[i].fd, x); bits++; }
+    }
+    if (tv && !k) tv->tv_sec = tv->tv_usec = 0;
+    return bits;
+}
+
+static int select_has_net(int nfds, const fd_set *r, const fd_set *w, const fd_set *x) {
+    for (int fd = 0; fd < nfds && fd < FD_SETSIZE && fd < NET_FDS; fd++)
+        if (nfd_is(fd) && ((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (x && FD_ISSET(fd, x))))
+            return 1;
+    return 0;
+}
+
 static int select_taped(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv) {
     RESOLVE(select);
+    if (UNLIKELY(g_nconns) && ACTIVE() && select_has_net(nfds, r, w, x)) {
+        int k = select_as_poll(nfds, r, w, x, tv);
+        if (k != -2) return k;
+    }
     if (!ACTIVE() || !tv || (tv->tv_sec == 0 && tv->tv_usec == 0)) return real_select(nfds, r, w, x, tv);
     tls_t *t = me();
     selargs_t a = {nfds, 0, (int64_t)tv->tv_sec * 1000000 + tv->tv_usec};
@@ -217,6 +257,7 @@ EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
 
 static int epoll_wait_taped(int ep, struct epoll_event *ev, int max, int timeout) {
     RESOLVE(epoll_wait);
+    if (UNLIKELY(g_nregs) && ACTIVE() && nreg_has(ep)) return net_epoll(ep, ev, max, timeout, NULL);
     if (!ACTIVE() || timeout <= 0) return real_epoll_wait(ep, ev, max, timeout);
     tls_t *t = me();
     epollargs_t args = {timeout, max};
@@ -237,6 +278,7 @@ EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout) {
 
 static int epoll_pwait_taped(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss) {
     RESOLVE(epoll_pwait);
+    if (UNLIKELY(g_nregs) && ACTIVE() && nreg_has(ep)) return net_epoll(ep, ev, max, timeout, ss);
     if (!ACTIVE() || timeout <= 0) return real_epoll_pwait(ep, ev, max, timeout, ss);
     tls_t *t = me();
     epollargs_t args = {timeout, max};

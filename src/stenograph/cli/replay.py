@@ -27,9 +27,10 @@ from stenograph.runner.workspace import SecretServed
 @click.option("--lenient", is_flag=True, help="Serve live values past a divergence; list all.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (program output "
               "is not passed through).")
-@click.option("--allow-network", is_flag=True, help="Let the replay's connections reach "
-              "peers outside the recorded tree (loopback, Unix sockets and beyond), which "
-              "are refused by default: what the recording sent them, they get again.")
+@click.option("--allow-network", is_flag=True, help="Let connections the recording never "
+              "made reach peers outside the recorded tree (loopback, Unix sockets and "
+              "beyond); they are refused by default. Recorded connections are served from "
+              "the socket tape either way: no peer gets a recorded send again.")
 @click.option("--unsealed", is_flag=True, help="Replay against the live /tmp, /var/tmp, "
               "$TMPDIR and workspace, not sealed (the default seals in a mount or user "
               "namespace, or by the shim's path mapping where neither can be made): names "
@@ -140,12 +141,13 @@ def _print_report(report: dict[str, Any], as_json: bool) -> None:
             say(f"  where:    {line}")
     refused = report.get("refused", [])
     if refused:
-        say(f"stenograph: note: refused {len(refused)} connection(s) to peers outside the "
-            f"recorded tree (a replay reaches no service; --allow-network lets them "
-            f"through): {'; '.join(refused[:3])}{' ...' if len(refused) > 3 else ''}")
+        say(f"stenograph: note: refused {len(refused)} connection(s) the recording never "
+            f"made, to peers outside the recorded tree (a replay reaches no service; "
+            f"--allow-network lets them through): "
+            f"{'; '.join(refused[:3])}{' ...' if len(refused) > 3 else ''}")
     if report.get("network") == "allowed":
-        say("stenograph: note: --allow-network: this replay's connections reached live "
-            "peers (what they were sent, they received again)")
+        say("stenograph: note: --allow-network: connections the recording never made "
+            "reached live peers (recorded ones were served from the tape)")
     if report["divergences"] or not all(report["identical"].values()):
         for n in report.get("secret_files", []):  # a masked secret file may be why
             if n["served"] == "masked" or n["same"] is False:

@@ -52,11 +52,19 @@ def view(events: Iterable[Event]) -> list[Event]:
     return kept
 
 
+def is_cut(ev: Event) -> bool:
+    """Is the tape consistent at ``ev``: a Python event, or the marked chunk the recorder
+    appends when a process is about to use a connection outside the tree
+    (``MSG_SYNC``)?"""
+    return ev.kind in CUT_KINDS or (ev.kind == "TapeChunk" and isinstance(ev.body, dict)
+                                    and ev.body.get("cut") is True)
+
+
 def cut_seq(events: Sequence[Event]) -> int:
-    """The seq a resume cuts the (viewed) trajectory at: its last Python event, else its
-    start checkpoint, else its first event."""
+    """The seq a resume cuts the (viewed) trajectory at: its last Python event or synced
+    connection, else its start checkpoint, else its first event."""
     for ev in reversed(events):
-        if ev.kind in CUT_KINDS:
+        if is_cut(ev):
             return ev.seq
     for ev in events:
         if ev.kind == "Checkpoint" and ev.body.get("at") == "start":

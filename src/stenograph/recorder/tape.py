@@ -32,12 +32,12 @@ from stenograph.recorder.rings import Arena, Drained, process_gone
 from stenograph.recorder.seqpacket import SeqpacketServer
 
 MAGIC = b"STP1"
-MSG_DATA, MSG_BARRIER, MSG_EXIT, MSG_RING, MSG_NUDGE, MSG_BIG = 1, 2, 3, 4, 5, 6
+MSG_DATA, MSG_BARRIER, MSG_EXIT, MSG_RING, MSG_NUDGE, MSG_BIG, MSG_SYNC = 1, 2, 3, 4, 5, 6, 7
 HEADER = struct.Struct("<4sHHIH")
 _ARENA_ID = struct.Struct("<Q")
 RECORD = struct.Struct("<BBHI")
 CHANNELS = {1: "clock", 2: "entropy", 3: "dirents", 4: "identity", 5: "wait", 6: "io",
-            7: "sched", 8: "meta", 9: "signal"}
+            7: "sched", 8: "meta", 9: "signal", 10: "net"}
 CHANNEL_IDS = {v: k for k, v in CHANNELS.items()}
 DIVERGENCE_EXIT = 86
 MAX_MESSAGE = 8 << 20
@@ -62,6 +62,8 @@ OP_NAMES = {
     (7, 10): "after waiting for a child",
     (8, 1): "fstatat", (8, 2): "statx",
     (4, 20): "ioctl(SIOCGIF*)", (9, 1): "signal handler",
+    (10, 1): "connect", (10, 2): "send", (10, 3): "recv", (10, 4): "socket call",
+    (10, 5): "epoll_wait(connections)",
 }
 
 
@@ -143,6 +145,8 @@ def describe(ch: int, op: int, payload: bytes) -> str:
             return (f"{name}(signal {sig}) at record {pos}"
                     + (f" after {k} mask calls" if k else "")
                     + (" (untaped)" if flags & 1 else ""))
+        if ch == 10:
+            return _describe_net(name, op, payload)
         if ch == 6 and op == 2:
             timeout, nfds = struct.unpack_from("<iI", payload)
             (res,) = struct.unpack_from("<i", payload, 8 + 2 * nfds)
@@ -150,6 +154,40 @@ def describe(ch: int, op: int, payload: bytes) -> str:
     except struct.error:
         pass
     return f"{name}(<{len(payload)} bytes>)"
+
+
+def net_address(payload: bytes) -> str:
+    """The peer an ``OP_NET_CONNECT`` record names: ``127.0.0.1:8080``, ``unix /run/x``."""
+    family, port, n = struct.unpack_from("<HHI", payload)
+    raw = payload[8:8 + n]
+    if family == socket.AF_UNIX:
+        return "unix " + raw.replace(b"\0", b"@").decode(errors="replace")
+    host = socket.inet_ntop(family, raw)
+    return f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+
+
+def _describe_net(name: str, op: int, payload: bytes) -> str:
+    if op == 1:
+        n = struct.unpack_from("<I", payload, 4)[0]
+        (res,) = struct.unpack_from("<i", payload, 8 + n)
+        return f"{name}({net_address(payload)}) -> {res}"
+    if op == 5:
+        timeout, _max, res, n = struct.unpack_from("<iiiI", payload)
+        conns = sum(1 for i in range(n)
+                    if struct.unpack_from("<I", payload, 16 + 16 * i)[0] != 0xFFFFFFFF)
+        return f"{name}(timeout_ms={timeout}) -> {res} ({conns} of connections)"
+    conn = struct.unpack_from("<I", payload)[0]
+    if op == 2:
+        asked, res, _digest, head = struct.unpack_from("<IiQI", payload, 4)
+        text = payload[28:28 + head].decode("latin-1").encode("unicode_escape").decode()
+        return f"{name}(connection #{conn}, {asked} bytes) -> {res} {text!r}"
+    if op == 3:
+        asked, res, _flags, alen = struct.unpack_from("<IiiI", payload, 4)
+        return f"{name}(connection #{conn}, at most {asked}) -> {res}"
+    kind, level, opt, rc = struct.unpack_from("<Iiii", payload, 4)
+    kinds = {1: "getsockopt", 2: "getsockname", 3: "getpeername", 4: "setsockopt",
+             5: "shutdown"}
+    return f"{kinds.get(kind, name)}(connection #{conn}, {level}, {opt}) -> {rc}"
 
 
 def _describe_meta(name: str, op: int, payload: bytes) -> str:
@@ -279,14 +317,18 @@ class RecordSession:
             self._attach(conn, proc, arena)
         elif mtype == MSG_NUDGE:
             self._drain(peer.arena)
-        elif mtype in (MSG_BARRIER, MSG_EXIT, MSG_BIG):
+        elif mtype in (MSG_BARRIER, MSG_EXIT, MSG_BIG, MSG_SYNC):
             # Ordering, not durability: everything the process taped before the request
             # is appended before the answer. Syncing here cost an fdatasync per exec and
             # per exit; durability comes from the recorder's periodic flush and from each
-            # model or tool exchange, which is synced before the program sees its result.
+            # model or tool exchange, which is synced before the program sees its result,
+            # and from MSG_SYNC: a process about to talk to a peer outside the tree (a
+            # resume must find that connection on the tape, never open it again).
             big = [Drained(thread, body)] if mtype == MSG_BIG and body else []
             try:
                 self._drain(peer.arena, then=big)
+                if mtype == MSG_SYNC:
+                    self._sync_cut(proc, thread)
             except Exception as exc:  # the store refused it: noted, the program goes on
                 with self._lock:
                     self.stats.errors.append(f"{type(exc).__name__}: {exc}")
@@ -298,6 +340,17 @@ class RecordSession:
                 self._append(proc, [Drained(thread, body)])
         else:
             raise ValueError(f"unknown message type {mtype}")
+
+    def _sync_cut(self, proc: str, thread: int) -> None:
+        """A process is about to use a connection outside the tree: every arena drained
+        (its ancestors' spawn of it included), then an empty chunk marked ``cut`` -- a
+        point the whole tree's tape is consistent at, where a resume may cut
+        (``resumes.cut_seq``) -- and the log synced before the process goes on."""
+        self.drain_all()
+        self.store.append(self.traj, "TapeChunk",
+                          {"proc": proc, "thread": thread, "data": b"", "cut": True},
+                          durable=False)
+        self.store.flush()
 
     # -- draining
 

@@ -14,13 +14,14 @@ from pathlib import Path
 
 from stenograph.recorder.errors import BadInput
 
-PROTOCOL = 3
+PROTOCOL = 4
 """Wire/tape protocol version; must match STENO_PROTOCOL in shim_c/steno_shim.h."""
 
-READS = frozenset({2, 3})
+READS = frozenset({2, 3, 4})
 """The protocols whose tapes this shim replays: a protocol-2 tape is made one of this
 protocol when it is prepared (``recorder.tape.prepare_tape``: its per-call ``getpid``
-records are dropped)."""
+records are dropped); a protocol-3 tape has no net channel, so its connections run live
+(and a sealed replay refuses them)."""
 
 
 def readable(recorded_shim: object) -> int | None:

@@ -1,0 +1,255 @@
+"""Replay touches nothing: every connection a process of the recorded tree makes to a
+peer outside it is on the socket tape (CH_NET), and replay serves it (issue "Replay
+touches nothing", its first part).
+
+The tools an agent's ``pay`` step really uses -- ``curl``, the standard library's
+``urllib``, a Node ``fetch``, ``psql`` against a real PostgreSQL -- each make one payment
+against a real peer that counts what reaches it. Recorded once, then replayed with the
+peer running (nothing reaches it: its own count) and with the peer stopped: both
+replays bit-identical. A program that sends something else at replay diverges, naming
+the connection and both sends. A UDP exchange (what a resolver does) and a 1 MiB
+download replay with their peer gone. Nothing here is mocked: the peers are real
+servers on 127.0.0.1 and the clients are the installed programs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stenograph.testing.effect_service import EffectService
+
+CLI = [sys.executable, "-m", "stenograph"]
+PY = os.path.realpath(sys.executable)
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+PAY = {
+    "curl": """
+import json, subprocess, sys
+body = json.dumps({"amount": 7, "to": "acct-A"})
+out = subprocess.run(["curl", "-s", "-X", "POST", "-H", "Content-Type: application/json",
+                      "-d", body, sys.argv[1] + "/payments"], capture_output=True, text=True)
+print("receipt", out.stdout or out.returncode)
+""",
+    "urllib": """
+import json, sys, urllib.request
+req = urllib.request.Request(sys.argv[1] + "/payments", method="POST",
+                             data=json.dumps({"amount": 7, "to": "acct-A"}).encode(),
+                             headers={"Content-Type": "application/json"})
+print("receipt", urllib.request.urlopen(req, timeout=10).read().decode())
+""",
+    "node": """
+import subprocess, sys
+js = ("fetch(process.argv[1] + '/payments', {method: 'POST', headers: {'Content-Type': "
+      "'application/json'}, body: JSON.stringify({amount: 7, to: 'acct-A'})})"
+      ".then(r => r.text()).then(t => console.log(t), e => console.log('failed', e))")
+out = subprocess.run(["node", "-e", js, sys.argv[1]], capture_output=True, text=True)
+print("receipt", out.stdout)
+""",
+}
+
+PSQL = """
+import subprocess, sys
+host, port = sys.argv[1], sys.argv[2]
+out = subprocess.run(["psql", "-X", "-h", host, "-p", port, "-U", "postgres", "-d", "postgres",
+                      "-c", "INSERT INTO payments(amount, dest) VALUES (7, 'acct-A') "
+                            "RETURNING id, amount, dest, now() > '2000-01-01'"],
+                     capture_output=True, text=True)
+print("receipt", out.stdout, out.stderr, out.returncode)
+"""
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("STENO")}
+
+
+def _record(steno: Path, argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", *argv], cwd=cwd,
+                         env=_env(), capture_output=True, text=True, timeout=180)
+    assert rec.returncode == 0, rec.stderr
+    return rec
+
+
+def _replay(steno: Path, cwd: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    rep = subprocess.run([*CLI, "replay", "--json", str(steno), *extra], cwd=cwd, env=_env(),
+                         capture_output=True, text=True, timeout=180)
+    return rep.returncode, json.loads(rep.stdout.splitlines()[-1])
+
+
+def _identical(code: int, report: dict[str, Any]) -> None:
+    assert code == 0 and report["divergences"] == [], report
+    assert all(report["identical"].values()) and "refused" not in report, report
+
+
+@pytest.mark.parametrize("tool", sorted(PAY))
+def test_a_replay_serves_the_payment_with_the_peer_running_and_stopped(
+        tmp_path: Path, tool: str) -> None:
+    if tool in ("curl", "node") and not shutil.which(tool):
+        pytest.skip(f"{tool} is not installed")
+    (tmp_path / "pay.py").write_text(PAY[tool])
+    steno = tmp_path / "pay.steno"
+    svc = EffectService().start()
+    try:
+        rec = _record(steno, [PY, "pay.py", svc.url], tmp_path)
+        assert "acct-A" in rec.stdout and "pay_1" in rec.stdout, rec.stdout
+        assert svc.stats()["payments"] == 1
+        _identical(*_replay(steno, tmp_path))
+        assert svc.stats()["payments"] == 1, "the replay reached the payment service"
+        assert svc.stats()["requests"] == 1
+    finally:
+        svc.stop()
+    _identical(*_replay(steno, tmp_path))  # the peer is gone: served all the same
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl is not installed")
+def test_a_different_send_is_a_divergence_naming_the_connection(tmp_path: Path) -> None:
+    (tmp_path / "pay.py").write_text(PAY["curl"])
+    (tmp_path / "pay2.py").write_text(PAY["curl"].replace('"amount": 7', '"amount": 9'))
+    steno = tmp_path / "pay.steno"
+    with EffectService() as svc:
+        _record(steno, [PY, "pay.py", svc.url], tmp_path)
+        rep = subprocess.run([*CLI, "replay", str(steno), "--", PY, "pay2.py", svc.url],
+                             cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                             timeout=180)
+        assert svc.stats()["payments"] == 1
+    assert rep.returncode == 1, rep.stderr
+    port = svc.url.rsplit(":", 1)[1]
+    line = next(ln for ln in rep.stderr.splitlines() if "recorded:" in ln)
+    assert f"tcp 127.0.0.1:{port}" in line and '\\"amount\\": 7' not in line, rep.stderr
+    assert "POST /payments" in line, rep.stderr
+    asked = next(ln for ln in rep.stderr.splitlines() if "asked:" in ln)
+    assert "a send of" in asked and "POST /payments" in asked, rep.stderr
+
+
+@contextlib.contextmanager
+def _postgres() -> Iterator[tuple[str, int, Path]]:
+    """A private PostgreSQL 15 cluster on a free port (as the ``postgres`` user when run
+    as root: the server refuses root), with a ``payments`` table; removed after."""
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip("PostgreSQL 15 is not installed")
+    base = Path(tempfile.mkdtemp(prefix="steno-pg-"))
+    run_as: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(base, "postgres")
+        run_as = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = base / "data"
+    try:
+        subprocess.run([*run_as, str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust",
+                        "-U", "postgres"], check=True, capture_output=True, timeout=120)
+        subprocess.run([*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-l",
+                        str(base / "log"), "-o",
+                        f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off",
+                        "start"], check=True, capture_output=True, timeout=120)
+        subprocess.run(["psql", "-X", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
+                        "-c", "CREATE TABLE payments(id serial, amount int, dest text)"],
+                       check=True, capture_output=True, timeout=60)
+        yield "127.0.0.1", port, base
+    finally:
+        subprocess.run([*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate",
+                        "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _rows(port: int) -> int:
+    out = subprocess.run(["psql", "-X", "-At", "-h", "127.0.0.1", "-p", str(port), "-U",
+                          "postgres", "-c", "SELECT count(*) FROM payments"],
+                         capture_output=True, text=True, check=True, timeout=60)
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(not shutil.which("psql"), reason="psql is not installed")
+def test_psql_against_a_real_postgres_replays_with_the_server_running_and_stopped(
+        tmp_path: Path) -> None:
+    (tmp_path / "pay.py").write_text(PSQL)
+    tcp, unix = tmp_path / "tcp.steno", tmp_path / "unix.steno"
+    with _postgres() as (host, port, sockdir):
+        rec = _record(tcp, [PY, "pay.py", host, str(port)], tmp_path)
+        assert "acct-A" in rec.stdout and "INSERT 0 1" in rec.stdout, rec.stdout
+        _record(unix, [PY, "pay.py", str(sockdir), str(port)], tmp_path)  # libpq's unix socket
+        assert _rows(port) == 2
+        _identical(*_replay(tcp, tmp_path))
+        _identical(*_replay(unix, tmp_path))
+        assert _rows(port) == 2, "the replay inserted a row"
+    _identical(*_replay(tcp, tmp_path))  # the cluster is gone
+    _identical(*_replay(unix, tmp_path))
+
+
+UDP = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5)
+s.connect(("127.0.0.1", int(sys.argv[1])))
+for q in (b"pay.example A?", b"pay.example AAAA?"):
+    s.send(q)
+    print(q.decode(), "->", s.recv(512).decode())
+"""
+
+
+def test_a_udp_exchange_replays_with_its_peer_gone(tmp_path: Path) -> None:
+    """What a stub resolver does (a connected datagram socket, a query, a timed wait, an
+    answer): served from the tape after the peer is gone."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    srv.bind(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    seen: list[bytes] = []
+
+    def answer() -> None:
+        while True:
+            try:
+                data, peer = srv.recvfrom(512)
+            except OSError:
+                return
+            seen.append(data)
+            srv.sendto(data.upper().replace(b"?", b" 127.0.0." + str(len(seen)).encode()), peer)
+
+    threading.Thread(target=answer, daemon=True).start()
+    (tmp_path / "q.py").write_text(UDP)
+    steno = tmp_path / "q.steno"
+    rec = _record(steno, [PY, "q.py", str(port)], tmp_path)
+    assert "127.0.0.2" in rec.stdout and len(seen) == 2, rec.stdout
+    srv.close()
+    _identical(*_replay(steno, tmp_path))
+    assert len(seen) == 2
+
+
+class _Blob(BaseHTTPRequestHandler):
+    body = bytes(range(256)) * 4096  # 1 MiB
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl is not installed")
+def test_a_mebibyte_download_replays_byte_for_byte_with_the_server_gone(tmp_path: Path) -> None:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Blob)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/blob"
+    steno = tmp_path / "get.steno"
+    rec = _record(steno, ["sh", "-c", f"curl -s {url} | sha256sum"], tmp_path)
+    srv.shutdown()
+    srv.server_close()
+    import hashlib
+    assert hashlib.sha256(_Blob.body).hexdigest() in rec.stdout
+    _identical(*_replay(steno, tmp_path))
