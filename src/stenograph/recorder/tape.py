@@ -182,7 +182,7 @@ def _describe_net(name: str, op: int, payload: bytes) -> str:
         text = payload[28:28 + head].decode("latin-1").encode("unicode_escape").decode()
         return f"{name}(connection #{conn}, {asked} bytes) -> {res} {text!r}"
     if op == 3:
-        asked, res, _flags, alen = struct.unpack_from("<IiiI", payload, 4)
+        asked, res = struct.unpack_from("<Ii", payload, 4)
         return f"{name}(connection #{conn}, at most {asked}) -> {res}"
     kind, level, opt, rc = struct.unpack_from("<Iiii", payload, 4)
     kinds = {1: "getsockopt", 2: "getsockname", 3: "getpeername", 4: "setsockopt",
