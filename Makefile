@@ -34,10 +34,15 @@ demo: $(STAMP)
 
 test: $(STAMP) $(USTAMP)
 	$(BIN)/ruff check src tests bench examples golden_logs
-# chromium: tests/test_view.py opens the `stenograph view` pages in it (headless)
+# chromium: tests/test_view.py opens the `stenograph view` pages in it (headless);
+# redis-server and redis-cli: tests/test_socket_tape.py replays redis-cli (the test starts
+# its own server on a free port; PostgreSQL 15 is on the machine, its cluster likewise)
 	@command -v chromium >/dev/null || \
 	    (apt-get install -y chromium >/dev/null 2>&1 || \
 	     (apt-get update >/dev/null && apt-get install -y chromium >/dev/null))
+	@command -v redis-server >/dev/null || \
+	    (apt-get install -y redis-server >/dev/null 2>&1 || \
+	     (apt-get update >/dev/null && apt-get install -y redis-server >/dev/null))
 # two workers, a test file each (its module fixtures recorded once): the suite waits on
 # disks and children more than on either core. Then, alone, the files that kill recorded
 # trees at random moments: beside another worker's load, about one replay of a killed
@@ -61,6 +66,7 @@ bench: $(STAMP) $(USTAMP)
 	$(BIN)/python bench/build_replay.py
 	$(BIN)/python bench/bisect_run.py
 	$(BIN)/python bench/view.py
+	$(BIN)/python bench/socket_tape.py
 
 soak: $(STAMP)
 	STENO_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q tests/test_fuzz_readers.py
@@ -71,6 +77,7 @@ soak: $(STAMP)
 	STENO_KILL_TRIALS=100 $(BIN)/pytest -q tests/test_kill.py
 	STENO_THREAD_RUNS=3x10 $(BIN)/pytest -q tests/test_threads.py
 	STENO_ASYNC_RUNS=3x10 $(BIN)/pytest -q tests/test_asyncio_loop.py
+	STENO_SOCKET_REPLAYS=10 $(BIN)/pytest -q tests/test_socket_tape.py
 	STENO_PAY_TRIALS=150 STENO_PAY_BOUNDARIES=all $(BIN)/pytest -q tests/test_payments_agent.py
 	for i in 1 2 3 4 5 6 7 8 9 10; do STENO_SIGNAL_SOAK=1 $(BIN)/pytest -q tests/test_signals.py -k itimer || exit 1; done
 

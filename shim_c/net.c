@@ -343,8 +343,7 @@ static ssize_t net_recv(int fd, struct msghdr *mh, int flags) {
     netrecv_t r;
     switch (tape_step(t, CH_NET, OP_NET_RECV, &conn, 4, &s)) {
     case STEP_RECORD: {
-        mh->msg_controllen = 0; /* fds passed by a daemon are not served: none asked */
-        long k = RS3(SYS_recvmsg, fd, mh, flags);
+        long k = RS3(SYS_recvmsg, fd, mh, flags); /* (control messages are not taped) */
         r.asked = asked > 0xffffffffu ? 0xffffffffu : (uint32_t)asked;
         r.result = (int32_t)k;
         r.mflags = k >= 0 ? mh->msg_flags : 0;
@@ -615,7 +614,7 @@ _Static_assert(sizeof(netev_t) == 16, "OP_NET_EPOLL event: u32 conn | u32 events
 #define NET_EVMAX 256
 #define NOT_A_CONN 0xffffffffu
 
-static void net_epoll_live(int ep, const unsigned char *p, uint32_t n, const sigset_t *ss) {
+static uint32_t net_epoll_live(int ep, const unsigned char *p, uint32_t n, const sigset_t *ss) {
     uint64_t want[NET_EVMAX];
     uint32_t left = 0;
     for (uint32_t i = 0; i < n && left < NET_EVMAX; i++) {
@@ -630,6 +629,7 @@ static void net_epoll_live(int ep, const unsigned char *p, uint32_t n, const sig
             for (uint32_t j = 0; j < left; j++)
                 if (want[j] == got[i].data.u64) { want[j] = want[--left]; break; }
     }
+    return left;
 }
 
 static int net_epoll(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss) {
@@ -666,7 +666,9 @@ static int net_epoll(int ep, struct epoll_event *ev, int max, int timeout, const
     memcpy(&n, s.p + 12, 4);
     if (res < 0) { errno = -res; return -1; }
     const unsigned char *p = s.p + 16;
-    net_epoll_live(ep, p, n, ss);
+    if (net_epoll_live(ep, p, n, ss)) /* its data may name memory of the recorded run */
+        net_report(t, -1, "an epoll wait found other fds ready",
+                   "they did not become ready live (10 s)");
     int k = 0;
     spin_lock(&g_nreg_lock);
     for (uint32_t i = 0; i < n && k < max; i++) {
