@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.server
 import json
 import os
 import shutil
@@ -290,3 +291,94 @@ def test_redis_cli_replays_with_the_server_running_and_stopped(tmp_path: Path) -
         srv.terminate()
         srv.wait(timeout=30)
     _all_identical(steno, tmp_path)
+
+
+TLS_CLIENT = """
+import ssl, subprocess, sys, urllib.request
+url = sys.argv[1]
+print(subprocess.run(["curl", "-sk", "-X", "POST", url, "-d", "amount=3"],
+                     capture_output=True, text=True).stdout)
+ctx = ssl.create_default_context()
+ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+print(urllib.request.urlopen(urllib.request.Request(url, data=b"amount=4"), context=ctx).read())
+"""
+
+
+class _Pay(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        body = b"paid " + self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.skipif(not shutil.which("curl") or not shutil.which("openssl"),
+                    reason="curl or openssl is not installed")
+def test_tls_needs_nothing_special(tmp_path: Path) -> None:
+    """curl (OpenSSL) and urllib (Python's ssl) over https: the handshake's randomness
+    and clocks are on the tape already, so the bytes sent repeat and the replay is
+    served with the server gone."""
+    import ssl
+
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                    str(certs / "k.pem"), "-out", str(certs / "c.pem"), "-days", "2",
+                    "-subj", "/CN=127.0.0.1"], check=True, capture_output=True, timeout=60)
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Pay)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certs / "c.pem", certs / "k.pem")
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "tls.py").write_text(TLS_CLIENT)
+    steno = tmp_path / "tls.steno"
+    rec = _record(steno, [PY, "tls.py", f"https://127.0.0.1:{srv.server_address[1]}/pay"],
+                  work)
+    srv.shutdown()
+    srv.server_close()
+    assert "paid amount=3" in rec.stdout and "paid amount=4" in rec.stdout, rec.stdout
+    _all_identical(steno, work)
+
+
+@pytest.mark.skipif(not shutil.which("git"), reason="git is not installed")
+def test_git_clone_over_http_replays_with_the_server_gone(tmp_path: Path) -> None:
+    """git's http helper (a child of git, on libcurl) fetching a repository from a
+    plain web server (git's "dumb" protocol)."""
+    site = tmp_path / "site"
+    env = {**_env(), "GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@example.com",
+           "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@example.com"}
+    src = tmp_path / "src"
+    for argv in (["git", "init", "-q", "--bare", str(site / "repo.git")],
+                 ["git", "init", "-q", str(src)]):
+        subprocess.run(argv, check=True, env=env, timeout=60)
+    (src / "README").write_text("deployed by the agent\n")
+    for argv in (["git", "add", "README"], ["git", "commit", "-qm", "first"],
+                 ["git", "push", "-q", str(site / "repo.git"), "HEAD:master"]):
+        subprocess.run(argv, cwd=src, check=True, env=env, timeout=60)
+    subprocess.run(["git", "update-server-info"], cwd=site / "repo.git", check=True, timeout=60)
+
+    class Static(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, directory=str(site), **k)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Static)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    work = tmp_path / "w"
+    work.mkdir()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/repo.git"
+    steno = tmp_path / "git.steno"
+    rec = _record(steno, ["sh", "-c", f"git clone -q {url} c && cat c/README && "
+                          "git -C c log --format=%s"], work)
+    srv.shutdown()
+    srv.server_close()
+    assert rec.stdout == "deployed by the agent\nfirst\n", rec.stdout
+    _all_identical(steno, work)
