@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from stenograph.testing.effect_service import EffectService
+from stenograph.testing.tapes import tape_connects
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = os.path.realpath(sys.executable)
@@ -136,6 +137,7 @@ def test_a_server_the_program_starts_itself_replays_live_at_both_ends(
     rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", PY, "own.py"], cwd=work,
                          env=_env(), capture_output=True, text=True, timeout=120)
     assert rec.returncode == 0 and "unix b'cba'" in rec.stdout, rec.stderr
+    assert tape_connects(steno) == []  # the tree's own peers: live, not on the socket tape
     env = {**_env(), **({"STENOGRAPH_SEAL": "path-map"} if seal == "path-map" else {})}
     for _ in range(2):
         rep = subprocess.run([*CLI, "replay", "--json", str(steno)], cwd=work, env=env,

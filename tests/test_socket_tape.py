@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from stenograph.testing.effect_service import EffectService
+from stenograph.testing.tapes import tape_connects
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = os.path.realpath(sys.executable)
@@ -382,3 +383,29 @@ def test_git_clone_over_http_replays_with_the_server_gone(tmp_path: Path) -> Non
     srv.server_close()
     assert rec.stdout == "deployed by the agent\nfirst\n", rec.stdout
     _all_identical(steno, work)
+
+
+MIXED = """
+import sys, urllib.request
+import httpx, requests
+url = sys.argv[1] + "/payments"
+body = b'{"amount": 7, "to": "acct-A"}'
+h = {"Content-Type": "application/json"}
+print(requests.post(url, data=body, headers=h, timeout=10).json()["id"])
+print(httpx.post(url, content=body, headers=h, timeout=10).json()["id"])
+req = urllib.request.Request(url, data=body, headers=h)
+print(urllib.request.urlopen(req, timeout=10).read().decode())
+"""
+
+
+def test_hooked_http_is_not_taped_twice(tmp_path: Path) -> None:
+    """requests and httpx are recorded as exchanges (their hooks run the real call with
+    the tape paused); urllib beside them, which no hook knows, is on the socket tape."""
+    (tmp_path / "mixed.py").write_text(MIXED)
+    steno = tmp_path / "mixed.steno"
+    with EffectService() as svc:
+        rec = _record(steno, [sys.executable, "mixed.py", svc.url], tmp_path)
+        assert rec.stdout.splitlines()[:2] == ["pay_1", "pay_2"], rec.stdout
+        assert "2 exchanges" in rec.stderr, rec.stderr
+        assert tape_connects(steno) == [f"127.0.0.1:{svc.url.rsplit(':', 1)[1]}"]
+    _all_identical(steno, tmp_path)
