@@ -409,3 +409,25 @@ def test_hooked_http_is_not_taped_twice(tmp_path: Path) -> None:
         assert "2 exchanges" in rec.stderr, rec.stderr
         assert tape_connects(steno) == [f"127.0.0.1:{svc.url.rsplit(':', 1)[1]}"]
     _all_identical(steno, tmp_path)
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl is not installed")
+def test_a_build_replay_serves_recorded_connections_and_fails_on_a_new_one(
+        tmp_path: Path) -> None:
+    """The build under test is the user's code: its recorded curl payment is served from
+    the socket tape; a payment the recording never made is refused (nothing reaches the
+    service) and fails the build as an unrecorded call."""
+    (tmp_path / "pay.py").write_text(PAY["curl"])
+    steno = tmp_path / "pay.steno"
+    with EffectService() as svc:
+        _record(steno, [PY, "pay.py", svc.url], tmp_path)
+        same = subprocess.run([*CLI, "replay", "--build", "--json", str(steno)], cwd=tmp_path,
+                              env=_env(), capture_output=True, text=True, timeout=180)
+        assert same.returncode == 0, same.stdout[-3000:]
+        (tmp_path / "pay.py").write_text(PAY["curl"] + PAY["curl"].replace("acct-A", "acct-B"))
+        more = subprocess.run([*CLI, "replay", "--build", str(steno)], cwd=tmp_path,
+                              env=_env(), capture_output=True, text=True, timeout=180)
+        assert svc.stats()["payments"] == 1
+    port = svc.url.rsplit(":", 1)[1]
+    assert more.returncode == 1, more.stderr
+    assert f"net: connect tcp 127.0.0.1:{port} (not in the recording)" in more.stderr, more.stderr

@@ -160,6 +160,10 @@ def replay(req: ReplayRequest) -> dict[str, Any]:
         refused = TapeFiles(tape).refused_lines()
         if refused:
             report["refused"] = refused
+        if req.build:  # a connection the recording never made: the build did something new
+            report["divergences"] += [
+                {"kind": "unrecorded", "channel": "net", "call": line, "turn": None,
+                 "nearest": None, "diff": []} for line in refused]
         if req.allow_network:
             report["network"] = "allowed"
         return report
