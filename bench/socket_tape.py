@@ -6,7 +6,9 @@ around the work only (interpreter start-up and imports not counted):
 
 * ``download``: ``http.client`` GETs a 1 MiB body, 20 times over one connection;
 * ``small``: 1,000 GETs of a 64-byte body over one keep-alive connection (a request, a
-  response, in turn: the tape's per-call cost).
+  response, in turn: the tape's per-call cost);
+* ``connect``: 200 such GETs, each on a new connection (under record each connect is
+  synced to the log before it returns, ``MSG_SYNC``: the cost of intent before effect).
 
 Each runs natively (no shim: the peer figure, same machine, same server, same process
 of this benchmark), under ``stenograph record``, and as ``stenograph replay`` of that
@@ -48,10 +50,15 @@ PROGRAM = textwrap.dedent("""
     import http.client, json, sys, time
     kind, port, scale = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     c = http.client.HTTPConnection("127.0.0.1", port)
-    n, path = (20 * scale, "/big") if kind == "download" else (1000 * scale, "/small")
+    n, path = {"download": (20, "/big"), "small": (1000, "/small"),
+               "connect": (200, "/small")}[kind]
+    n *= scale
     got = 0
     t0 = time.perf_counter()
     for _ in range(n):
+        if kind == "connect":
+            c.close()
+            c = http.client.HTTPConnection("127.0.0.1", port)
         c.request("GET", path)
         got += len(c.getresponse().read())
     dt = time.perf_counter() - t0
@@ -91,7 +98,7 @@ def main() -> None:
     (work / "client.py").write_text(PROGRAM)
     results: dict[str, Any] = {}
     try:
-        for kind in ("download", "small"):
+        for kind in ("download", "small", "connect"):
             native, record, replay = [], [], []
             size = 0
             for rep in range(args.reps):
@@ -120,11 +127,12 @@ def main() -> None:
                 srv.shutdown()
                 srv.server_close()
                 replay.append(max(walls[0] - walls[1], 0.0))
-            n = 20 if kind == "download" else 1000
+            n = {"download": 20, "small": 1000, "connect": 200}[kind]
             med = {m: statistics.median(v) for m, v in
                    (("native", native), ("record", record), ("replay", replay))}
             results[kind] = {
-                "units": n, "unit": "MiB" if kind == "download" else "request",
+                "units": n, "unit": {"download": "MiB", "small": "request",
+                                     "connect": "connection"}[kind],
                 "ms_per_unit": {m: round(v / n * 1000, 4) for m, v in med.items()},
                 "record_vs_native": round(med["record"] / med["native"], 2),
                 "replay_vs_native": round(med["replay"] / med["native"], 2),
