@@ -332,6 +332,8 @@ static int io_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     served_t s;
     switch (tape_step(t, CH_IO, OP_IO_POLL, a, argn, &s)) {
     case STEP_RECORD: {
+        for (nfds_t i = 0; g_resume && i < nfds; i++) /* a served connection, gone live */
+            if (nfd_is(fds[i].fd) && g_nconn[fds[i].fd].served) net_live(fds[i].fd);
         long r = RS3(SYS_poll, fds, nfds, timeout);
         unsigned char out[4 + 2 * IO_POLL_MAX];
         int32_t res = (int32_t)r;

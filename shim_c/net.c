@@ -21,7 +21,15 @@
 typedef struct {
     uint32_t conn;
     uint32_t sends; /* sends so far (for the report) */
+    uint32_t reqs;  /* HTTP requests begun on it */
+    int phase;      /* 0: a request may begin; 1: one was sent, no answer yet; 2: answered */
+    int served;     /* replay: its connect was served, the socket was never connected */
+    int fresh;      /* resume: connected live for its first request (net_live) */
+    int refused;    /* resume: its sends are refused (net_may_send said no) */
+    char call[64];  /* the effect whose answer is awaited ("": none) */
     char name[72];  /* "tcp 127.0.0.1:8080" */
+    struct sockaddr_storage sa; /* the peer, to connect again (resume, net_live) */
+    socklen_t salen;
 } netconn_t;
 
 static uint64_t g_nfd[NET_FDS / 64];
@@ -99,11 +107,16 @@ static void net_name(char *out, size_t cap, const netaddr_t *a, int type) {
     *p = 0;
 }
 
-static void nfd_mark(int fd, const netaddr_t *a) {
+static void nfd_mark(int fd, const netaddr_t *a, const struct sockaddr *sa, socklen_t len) {
     if ((unsigned)fd >= NET_FDS || nfd_is(fd)) return;
     netconn_t *c = &g_nconn[fd];
     c->conn = __atomic_fetch_add(&g_nconns, 1, __ATOMIC_RELAXED);
-    c->sends = 0;
+    c->sends = c->reqs = 0;
+    c->phase = 0;
+    c->served = c->fresh = c->refused = 0;
+    c->call[0] = 0;
+    c->salen = len < sizeof c->sa ? len : sizeof c->sa;
+    memcpy(&c->sa, sa, c->salen);
     net_name(c->name, sizeof c->name, a, sock_type(fd));
     __atomic_fetch_or(&g_nfd[fd >> 6], 1ULL << (fd & 63), __ATOMIC_RELAXED);
 }
@@ -163,13 +176,172 @@ static int net_connect(int fd, const struct sockaddr *sa, socklen_t len) {
     }
     if (res == 0 || res == -EINPROGRESS || res == -EALREADY || res == -EISCONN ||
         res == -EAGAIN)
-        nfd_mark(fd, &a);
+        nfd_mark(fd, &a, sa, len);
+    if (g_mode != MODE_RECORD && (unsigned)fd < NET_FDS && nfd_is(fd)) g_nconn[fd].served = 1;
     if (res < 0) { errno = -res; return -1; }
     return 0;
 }
 
 EXPORT int connect(int fd, const struct sockaddr *sa, socklen_t len) {
     return net_connect(fd, sa, len);
+}
+
+/* ------------------------------------------------------------------ effects */
+
+/* An HTTP request on a taped connection whose method changes things (anything but GET,
+ * HEAD, OPTIONS, TRACE) is an effect: before its first byte leaves, the recorder makes a
+ * ToolIntent durable (MSG_INTENT: "call id \t METHOD http://host/path"), and when the
+ * first bytes of an answer arrive, its ToolResult (MSG_RESULT: "call id \t status line").
+ * A crash between the two leaves it in doubt, for `status` and a person to see. The call
+ * id, <proc>/net/<connection>.<request>, is the same in every run of the prefix. */
+
+static size_t iov_head(const struct iovec *iov, size_t cnt, size_t n, char *out, size_t cap) {
+    size_t k = 0;
+    for (size_t i = 0; i < cnt && k < n && k < cap; i++) {
+        size_t c = iov[i].iov_len;
+        if (c > n - k) c = n - k;
+        if (c > cap - k) c = cap - k;
+        memcpy(out + k, iov[i].iov_base, c);
+        k += c;
+    }
+    return k;
+}
+
+static int ci_starts(const char *s, const char *end, const char *p) {
+    for (; *p; s++, p++)
+        if (s >= end || (*s | 0x20) != (*p | 0x20)) return 0;
+    return 1;
+}
+
+/* 1: an HTTP request that is an effect, its target in `target`; -1: a read-only one;
+ * 0: not the start of an HTTP/1 request. */
+static int http_request(const netconn_t *c, const char *b, size_t k, char *target, size_t cap) {
+    const char *end = b + k, *m = b;
+    while (m < end && m - b < 16 && *m >= 'A' && *m <= 'Z') m++;
+    if (m == b || m >= end || *m != ' ') return 0;
+    const char *path = m + 1, *sp = path;
+    while (sp < end && *sp != ' ' && *sp != '\r') sp++;
+    if (sp >= end || *sp != ' ' || !ci_starts(sp + 1, end, "HTTP/1.")) return 0;
+    size_t ml = (size_t)(m - b);
+    static const char *const RO[] = {"GET", "HEAD", "OPTIONS", "TRACE"};
+    for (size_t i = 0; i < sizeof RO / sizeof *RO; i++)
+        if (s_len(RO[i]) == ml && !memcmp(b, RO[i], ml)) return -1;
+    const char *host = NULL, *hend = NULL;
+    for (const char *q = sp; q + 7 < end; q++)
+        if (q[0] == '\n' && ci_starts(q + 1, end, "host:")) {
+            host = q + 6;
+            while (host < end && *host == ' ') host++;
+            hend = host;
+            while (hend < end && *hend != '\r' && *hend != '\n') hend++;
+            break;
+        }
+    char *p = target, *tend = target + cap - 1;
+    for (const char *q = b; q < m && p < tend; q++) *p++ = *q;
+    p = s_put(p, tend, " ");
+    if (*path == '/') {
+        p = s_put(p, tend, "http://");
+        if (host) {
+            for (const char *q = host; q < hend && p < tend; q++) *p++ = *q;
+        } else { /* the connection's address ("tcp 127.0.0.1:8080" less its kind) */
+            const char *n = c->name;
+            while (*n && *n != ' ') n++;
+            p = s_put(p, tend, *n ? n + 1 : c->name);
+        }
+    }
+    for (const char *q = path; q < sp && p < tend; q++) *p++ = *q;
+    *p = 0;
+    return 1;
+}
+
+static void net_request(tls_t *t, int fd, const struct msghdr *mh, size_t n) {
+    netconn_t *c = &g_nconn[fd];
+    (void)t;
+    if (c->phase == 1 || !g_sockpath[0]) return; /* the rest of a request, or no recorder */
+    char head[2048], target[700], msg[1000];
+    size_t k = iov_head(mh->msg_iov, mh->msg_iovlen, n, head, sizeof head);
+    int h = http_request(c, head, k, target, sizeof target);
+    if (!h) return; /* not HTTP/1 (or a request's body): nothing known to tell */
+    c->phase = 1;
+    c->reqs++;
+    if (h < 0) return;
+    char *p = s_put(c->call, c->call + sizeof c->call - 1, g_proc);
+    p = s_put(p, c->call + sizeof c->call - 1, "/net/");
+    p = u_put(p, c->call + sizeof c->call - 1, c->conn);
+    p = s_put(p, c->call + sizeof c->call - 1, ".");
+    p = u_put(p, c->call + sizeof c->call - 1, c->reqs);
+    *p = 0;
+    p = s_put(msg, msg + sizeof msg - 1, c->call);
+    p = s_put(p, msg + sizeof msg - 1, "\t");
+    p = s_put(p, msg + sizeof msg - 1, target);
+    p = s_put(p, msg + sizeof msg - 1, "\t");
+    for (size_t i = 3; i < k; i++) /* what of the body this send holds: for a person */
+        if (!memcmp(head + i - 3, "\r\n\r\n", 4)) {
+            for (size_t j = i + 1; j < k && j < i + 1 + 160 && p < msg + sizeof msg - 1; j++)
+                *p++ = head[j] == '\t' || head[j] == '\n' || head[j] == '\r' ? ' ' : head[j];
+            break;
+        }
+    barrier_with(MSG_INTENT, msg, (size_t)(p - msg)); /* durable before the bytes leave */
+}
+
+/* A resumed process that went live goes on with a connection its prefix served: the
+ * socket was never connected. If nothing was sent on it yet, it connects now (a connect
+ * alone changes nothing), and its first request is let out only if it may be made
+ * again: a read-only one, or an effect a person settled as not done (TAPE/net-redo
+ * lists those); any other is refused unsent, as is anything on a connection that was
+ * mid-conversation when the prefix ended. Nothing is ever sent twice. */
+static void net_live(int fd) {
+    netconn_t *c = &g_nconn[fd];
+    c->served = 0;
+    if (c->sends || c->phase) return; /* mid-conversation: its sends are refused */
+    long r = RS3(SYS_connect, fd, &c->sa, c->salen);
+    if (r == -EINPROGRESS) {
+        struct pollfd pf = {fd, POLLOUT, 0};
+        RS3(SYS_poll, &pf, 1, 10000);
+    }
+    c->fresh = 1;
+}
+
+static int net_may_send(int fd, const struct msghdr *mh, size_t n) {
+    netconn_t *c = &g_nconn[fd];
+    if (!c->fresh) return 0;
+    c->fresh = 0;
+    char head[2048], target[700];
+    size_t k = iov_head(mh->msg_iov, mh->msg_iovlen, n, head, sizeof head);
+    int h = http_request(c, head, k, target, sizeof target);
+    if (h <= 0) return h < 0; /* read-only: yes; not HTTP (what would it do?): no */
+    char id[80], list[16384], path[TAPE_PATH];
+    char *p = s_put(id, id + sizeof id - 2, g_proc);
+    p = s_put(p, id + sizeof id - 2, "/net/");
+    p = u_put(p, id + sizeof id - 2, c->conn);
+    p = s_put(p, id + sizeof id - 2, ".");
+    p = u_put(p, id + sizeof id - 2, c->reqs + 1);
+    *p++ = '\n';
+    *p = 0;
+    tape_path(path, 0, "net-redo");
+    long got = tape_file_get(path, list, sizeof list - 1);
+    if (got <= 0) return 0;
+    list[got] = 0;
+    for (char *l = list; *l;) {
+        if (starts(l, id)) return 1;
+        while (*l && *l++ != '\n') {}
+    }
+    return 0;
+}
+
+static void net_answered(tls_t *t, int fd, const struct iovec *iov, size_t cnt, size_t n) {
+    netconn_t *c = &g_nconn[fd];
+    (void)t;
+    if (c->phase == 1) c->phase = 2;
+    if (!c->call[0]) return;
+    char head[128], msg[256];
+    size_t k = iov_head(iov, cnt, n, head, sizeof head);
+    size_t line = 0;
+    while (line < k && head[line] != '\r' && head[line] != '\n') line++;
+    char *p = s_put(msg, msg + sizeof msg - 1, c->call);
+    p = s_put(p, msg + sizeof msg - 1, "\t");
+    for (size_t i = 0; i < line && p < msg + sizeof msg - 1; i++) *p++ = head[i];
+    c->call[0] = 0;
+    barrier_with(MSG_RESULT, msg, (size_t)(p - msg));
 }
 
 /* ------------------------------------------------------------------ send */
@@ -227,6 +399,14 @@ static ssize_t net_send(int fd, const struct msghdr *mh, int flags) {
     unsigned char head[NET_HEAD];
     switch (tape_step(t, CH_NET, OP_NET_SEND, &conn, 4, &s)) {
     case STEP_RECORD: {
+        if (UNLIKELY(g_nconn[fd].served)) net_live(fd);
+        if (UNLIKELY(g_nconn[fd].fresh || g_nconn[fd].refused) && !net_may_send(fd, mh, asked)) {
+            g_nconn[fd].refused = 1; /* never connected live: nothing of it leaves */
+            RS2(SYS_shutdown, fd, SHUT_RDWR);
+            errno = EPIPE;
+            return -1;
+        }
+        net_request(t, fd, mh, asked);
         long k = RS3(SYS_sendmsg, fd, mh, flags);
         r.asked = asked > 0xffffffffu ? 0xffffffffu : (uint32_t)asked;
         r.result = (int32_t)k;
@@ -343,7 +523,9 @@ static ssize_t net_recv(int fd, struct msghdr *mh, int flags) {
     netrecv_t r;
     switch (tape_step(t, CH_NET, OP_NET_RECV, &conn, 4, &s)) {
     case STEP_RECORD: {
+        if (UNLIKELY(g_nconn[fd].served)) net_live(fd);
         long k = RS3(SYS_recvmsg, fd, mh, flags); /* (control messages are not taped) */
+        if (k > 0) net_answered(t, fd, mh->msg_iov, mh->msg_iovlen, (size_t)k);
         r.asked = asked > 0xffffffffu ? 0xffffffffu : (uint32_t)asked;
         r.result = (int32_t)k;
         r.mflags = k >= 0 ? mh->msg_flags : 0;
@@ -476,6 +658,7 @@ static int net_call(int fd, uint32_t kind, int level, int name, void *val, sockl
     served_t s;
     switch (tape_step(t, CH_NET, OP_NET_CALL, &c, sizeof c, &s)) {
     case STEP_RECORD: {
+        if (UNLIKELY(g_nconn[fd].served)) net_live(fd);
         long r = net_call_live(fd, &c, val, len, in, inlen);
         unsigned char out[8 + 256];
         int32_t rc = (int32_t)r;
@@ -614,7 +797,7 @@ _Static_assert(sizeof(netev_t) == 16, "OP_NET_EPOLL event: u32 conn | u32 events
 #define NET_EVMAX 256
 #define NOT_A_CONN 0xffffffffu
 
-static uint32_t net_epoll_live(int ep, const unsigned char *p, uint32_t n, const sigset_t *ss) {
+static uint32_t net_epoll_others(int ep, const unsigned char *p, uint32_t n, const sigset_t *ss) {
     uint64_t want[NET_EVMAX];
     uint32_t left = 0;
     for (uint32_t i = 0; i < n && left < NET_EVMAX; i++) {
@@ -632,11 +815,24 @@ static uint32_t net_epoll_live(int ep, const unsigned char *p, uint32_t n, const
     return left;
 }
 
+/* Resume, gone live: a served connection in this set connects now (net_live), and the
+ * kernel's set gets it as the program registered it (replay never gave it one). */
+static void net_epoll_resumed(int ep) {
+    for (int i = 0; i < g_nregs; i++) {
+        netreg_t r = g_nreg[i];
+        if (r.ep != ep || !nfd_is(r.fd) || !g_nconn[r.fd].served) continue;
+        net_live(r.fd);
+        struct epoll_event e = {.events = r.events, .data = {.u64 = r.data}};
+        RS4(SYS_epoll_ctl, ep, EPOLL_CTL_ADD, r.fd, &e);
+    }
+}
+
 static int net_epoll(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss) {
     tls_t *t = me();
     int32_t args[2] = {timeout, max};
     served_t s;
     step_t step = tape_step(t, CH_NET, OP_NET_EPOLL, args, 8, &s);
+    if (step == STEP_RECORD && g_resume) net_epoll_resumed(ep);
     if (step != STEP_SERVED) {
         long r = RS6(SYS_epoll_pwait, ep, ev, max, timeout, ss, 8);
         if (step == STEP_RECORD) {
@@ -666,7 +862,7 @@ static int net_epoll(int ep, struct epoll_event *ev, int max, int timeout, const
     memcpy(&n, s.p + 12, 4);
     if (res < 0) { errno = -res; return -1; }
     const unsigned char *p = s.p + 16;
-    if (net_epoll_live(ep, p, n, ss)) /* its data may name memory of the recorded run */
+    if (net_epoll_others(ep, p, n, ss)) /* its data may name memory of the recorded run */
         net_report(t, -1, "an epoll wait found other fds ready",
                    "they did not become ready live (10 s)");
     int k = 0;

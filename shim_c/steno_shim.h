@@ -25,6 +25,9 @@
 #define MSG_BIG 6     /* one record too big for a ring: drain, append it, answer one byte */
 #define MSG_SYNC 7    /* drain every process's rings, make the log durable, then answer one
                        * byte: a connection outside the tree is on disk before it is used */
+#define MSG_INTENT 8  /* "call id \t METHOD url \t body head": an HTTP effect on a taped connection is about
+                       * to be sent: drain every ring, append its ToolIntent, sync, answer */
+#define MSG_RESULT 9  /* "call id \t status line": its answer began: ToolResult, sync, answer */
 
 /* The shared rings (ring.c; read by stenograph.recorder.rings): one memfd arena per
  * process, mapped by the process and by the recorder, so a record is the recorder's the

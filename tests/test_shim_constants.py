@@ -50,6 +50,8 @@ MIRRORS = [
     ("MSG_NUDGE", "stenograph.recorder.tape.MSG_NUDGE", tape.MSG_NUDGE),
     ("MSG_BIG", "stenograph.recorder.tape.MSG_BIG", tape.MSG_BIG),
     ("MSG_SYNC", "stenograph.recorder.tape.MSG_SYNC", tape.MSG_SYNC),
+    ("MSG_INTENT", "stenograph.recorder.tape.MSG_INTENT", tape.MSG_INTENT),
+    ("MSG_RESULT", "stenograph.recorder.tape.MSG_RESULT", tape.MSG_RESULT),
     *[(name, f"stenograph.recorder.rings.{name}",
        getattr(rings, name).decode() if name == "RING_MAGIC" else getattr(rings, name))
       for name in ("RING_MAGIC", "RING_VERSION", "ARENA_HDR", "ARENA_OFF_NSLOTS",

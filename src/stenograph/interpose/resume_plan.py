@@ -94,10 +94,7 @@ class Settlement:
         """Stop the resumed run: this call's outcome needs a person (exit 4). The line
         goes to the CLI (``ATTENTION``), which prints it: one line, naming the call,
         what it sends and the command to run next."""
-        what = described(target, body)
-        line = (f"effect {call_id} ({what}) is in doubt and {why}: find out whether it "
-                f"happened, then `stenograph settle STORE TRAJ {call_id} --as done|not-done` "
-                "and resume again")
+        line = person_line(call_id, described(target, body), why)
         wrote = False
         if self.tape_dir is not None:
             with contextlib.suppress(OSError):
@@ -108,6 +105,14 @@ class Settlement:
         if not wrote:  # no CLI to read it: say it here
             say(line)
         leave(NEEDS_PERSON_EXIT)
+
+
+def person_line(call_id: str, what: str, why: str) -> str:
+    """The one line of exit 4: the call, what it sends, why no one else can tell, and the
+    command to run next (``STORE TRAJ`` filled in by the CLI)."""
+    return (f"effect {call_id} ({what}) is in doubt and {why}: find out whether it "
+            f"happened, then `stenograph settle STORE TRAJ {call_id} --as done|not-done` "
+            "and resume again")
 
 
 def described(target: str, body: Any) -> str:

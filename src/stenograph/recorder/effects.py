@@ -1,7 +1,9 @@
 """Effects in a trajectory, and the state of the trajectory, from the log alone.
 
 An effect is a call that changes the world: an HTTP request that is neither a model call
-nor read-only (``interpose/effects.py`` decides), or a ``@stenograph.tool(effect=True)``.
+nor read-only (``interpose/effects.py`` decides), a ``@stenograph.tool(effect=True)``, or
+an HTTP request on a taped connection (a tool's ``curl``, a ``urllib`` call: channel
+``net``, ``shim_c/net.c``) whose method is not GET, HEAD, OPTIONS or TRACE.
 Before it is dispatched the recorder makes a ``ToolIntent`` durable (call id, target,
 body, idempotency key, fencing epoch), with everything the tree taped before it; the
 call's ``Exchange`` entry, when it comes back, is its result. So a reader of the log
@@ -132,7 +134,8 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
     for ev in events:
         st.events += 1
         body = ev.body if isinstance(ev.body, dict) else {}
-        if ev.kind in ("ToolIntent", "Exchange") and body.get("channel") in ("http", "tool"):
+        if ev.kind in ("ToolIntent", "Exchange") and body.get("channel") in ("http", "tool",
+                                                                            "net"):
             handled.add(str(body.get("call_id") if ev.kind == "ToolIntent" else call_id(
                 str(body.get("proc")), str(body.get("channel")), int(body.get("pos", -1)))))
         if ev.kind == "ToolIntent":

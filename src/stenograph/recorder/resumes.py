@@ -109,8 +109,10 @@ def plan(traj: str, events: Sequence[Event]) -> ResumePlan:
                                "idempotency_key": eff.idempotency_key,
                                "fingerprint": intent.get("fingerprint"),
                                "proc": intent.get("proc"), "channel": intent.get("channel"),
-                               "pos": intent.get("pos")})
-        elif eff.decision == "done" and eff.result_lsn is None:
+                               "pos": intent.get("pos"),
+                               **({"arguments": intent["arguments"]}
+                                  if "arguments" in intent else {})})
+        elif eff.decision == "done" and eff.result_lsn is None and intent.get("channel") != "net":
             p.settled_done.append({"settled": settled.get(eff.call_id, {}), "intent": intent})
     resolved = {str(e.body.get("call_id")): e.body for e in seen
                 if e.kind == "ApprovalResolved"}

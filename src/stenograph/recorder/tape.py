@@ -33,6 +33,7 @@ from stenograph.recorder.seqpacket import SeqpacketServer
 
 MAGIC = b"STP1"
 MSG_DATA, MSG_BARRIER, MSG_EXIT, MSG_RING, MSG_NUDGE, MSG_BIG, MSG_SYNC = 1, 2, 3, 4, 5, 6, 7
+MSG_INTENT, MSG_RESULT = 8, 9
 HEADER = struct.Struct("<4sHHIH")
 _ARENA_ID = struct.Struct("<Q")
 RECORD = struct.Struct("<BBHI")
@@ -243,7 +244,9 @@ class RecordSession:
 
     DRAIN_EVERY = 0.05
 
-    def __init__(self, store: Any, traj: str, sock_path: str | Path) -> None:
+    def __init__(self, store: Any, traj: str, sock_path: str | Path, *, epoch: int = 0) -> None:
+        self.epoch = epoch
+        """The worker's lease epoch, which the effects on taped connections carry."""
         self.store = store
         self.traj = traj
         self.stats = SessionStats()
@@ -335,11 +338,38 @@ class RecordSession:
             with self._lock:
                 self.stats.barriers += 1
             conn.send(b"\x01")
+        elif mtype in (MSG_INTENT, MSG_RESULT):
+            self._effect(conn, mtype, proc, peer, body)
         elif mtype == MSG_DATA:  # records sent as they are (an older shim's way)
             if body:
                 self._append(proc, [Drained(thread, body)])
         else:
             raise ValueError(f"unknown message type {mtype}")
+
+    def _effect(self, conn: socket.socket, mtype: int, proc: str, peer: _Peer,
+                body: bytes) -> None:
+        """An HTTP effect on a taped connection (``shim_c/net.c``): its intent (with
+        every ring drained first, so the tape is consistent there: a cut) or its result,
+        durable before the process goes on."""
+        call_id, _, rest = body.decode("utf-8", "replace").partition("\t")
+        try:
+            if mtype == MSG_INTENT:
+                target, _, head = rest.partition("\t")
+                self.drain_all()
+                self.store.append(self.traj, "ToolIntent",
+                                  {"call_id": call_id, "target": target, "channel": "net",
+                                   "proc": proc, "epoch": self.epoch,
+                                   **({"arguments": head} if head else {})}, durable=False)
+            else:
+                self._drain(peer.arena)
+                self.store.append(self.traj, "ToolResult",
+                                  {"call_id": call_id, "channel": "net", "status": rest},
+                                  durable=False)
+            self.store.flush()
+        except Exception as exc:  # the store refused it: noted, the program goes on
+            with self._lock:
+                self.stats.errors.append(f"{type(exc).__name__}: {exc}")
+        conn.send(b"\x01")
 
     def _sync_cut(self, proc: str, thread: int) -> None:
         """A process is about to use a connection outside the tree: every arena drained

@@ -103,6 +103,18 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
             http = not d["target"].startswith("tool ")
             d["settle"] = "person" if http and (req.settle_http == "escalate" or any(
                 p.search(url) for p in req.escalate)) else "reissue"
+            if d.get("channel") == "net":  # a request a program sent on its own socket
+                d["settle"] = "person"
+        net = [d for d in rp.in_doubt if d.get("channel") == "net"]
+        if net:  # nothing in the program can ask for it again: a person, before it runs
+            d = net[0]
+            why = "was sent by the program on its own connection, which no one can ask again"
+            return {"traj": traj, "resumed": True, "epoch": rp.state.epoch,
+                    "in_doubt": [x["call_id"] for x in rp.in_doubt],
+                    "attention": {"call_id": d["call_id"], "target": d["target"], "why": why,
+                                  "line": resume_plan.person_line(
+                                      d["call_id"], resume_plan.described(
+                                          d["target"], d.get("arguments")), why)}}
         blobs = BlobStore(store / "blobs")
         if req.authorizer is not None:  # what the prefix spent counts
             for ev in rp.events:
@@ -177,6 +189,9 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
             (tape / "py" / resume_plan.FILE).write_text(json.dumps(
                 {"in_doubt": {d["call_id"]: d for d in rp.in_doubt},
                  "approvals": rp.approvals, "drift": drift, "keys": keys}))
+            TapeFiles(tape).net_redo.write_text("".join(
+                f"{e.call_id}\n" for e in rp.state.effects
+                if "/net/" in e.call_id and e.decision == "not-done"))
             sw = _seal_workspace(s, store, traj, rp, tape, all_events, out)
             checkpoints = sw.checkpoints if sw is not None else None
             held = hold(_seal(started, tape, sock_dir, store, sw), os.environ)

@@ -97,7 +97,8 @@ class LiveSession:
         self.checkpoints = checkpoints
         self.authorizer = authorizer
         self.worker = worker
-        self.tape = RecordSession(store, traj, sock_dir / "tape.sock")
+        self.tape = RecordSession(store, traj, sock_dir / "tape.sock",
+                                  epoch=worker.epoch if worker is not None else 0)
         self.exchanges = ExchangeServer(
             store, traj, sock_dir / "py.sock",
             after_model=checkpoints.model_turn if checkpoints else None,

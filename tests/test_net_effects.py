@@ -1,0 +1,167 @@
+"""Intent before effect on a tool's own connection (issue "Intent before effect at every
+way out", its first part for HTTP): an HTTP request that changes things, sent by a
+program the agent runs (``curl``) or by a client no hook knows (``urllib``), gets a
+durable ``ToolIntent`` before its first byte leaves and a ``ToolResult`` when its answer
+begins (``shim_c/net.c``). A crash between the two leaves it in doubt: ``status`` says
+so, ``resume`` stops for a person (exit 4, one line), and after ``settle`` the resumed
+run makes it again only if the person said it did not happen. Read-only requests in
+flight at the crash are made again live. The effect service counts what really
+happened; nothing here is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from crashes import Run, go, service
+
+CLI = [sys.executable, "-m", "stenograph"]
+PY = os.path.realpath(sys.executable)
+TRIALS = int(os.environ.get("STENO_NET_CRASH_TRIALS", "6"))
+"""Crash-anywhere trials (``make soak``: 60)."""
+
+pytestmark = pytest.mark.skipif(not shutil.which("curl"), reason="curl is not installed")
+
+AGENT = """
+import json, subprocess, sys
+url = sys.argv[1]
+
+def curl(*args):
+    out = subprocess.run(["curl", "-s", *args], capture_output=True, text=True)
+    return out.stdout or f"curl failed ({out.returncode})"
+
+def pay(to):
+    body = json.dumps({"amount": 7, "to": to})
+    return curl("-X", "POST", "-H", "Content-Type: application/json", "-d", body,
+                url + "/payments")
+
+print("paid", pay("acct-A"), flush=True)
+print("servers", curl(url + "/servers?name=web"), flush=True)
+print("paid", pay("acct-B"), flush=True)
+"""
+PAYEE = {"0.1": "acct-A", "0.3": "acct-B"}
+"""Which curl child (process path) pays whom: the test's person looks it up."""
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("STENO")}
+
+
+def _status(store: Path) -> list[tuple[str, str, str]]:
+    out = subprocess.run([*CLI, "status", str(store), "t"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    rows = []
+    for line in out.splitlines()[1:]:
+        parts = line.split(None, 2)
+        if len(parts) == 3:
+            rows.append((parts[0], parts[1], parts[2]))
+    return rows
+
+
+def _settle(store: Path, call: str, decision: str) -> None:
+    subprocess.run([*CLI, "settle", str(store), "t", call, "--as", decision], check=True,
+                   capture_output=True, text=True, timeout=60)
+
+
+def test_a_payment_in_doubt_stops_for_a_person_and_is_made_once(tmp_path: Path) -> None:
+    """Killed as the first payment reaches the service (dropped there: not made)."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    store = tmp_path / "store"
+    current = [Run(kill=("dispatch", 1))]
+    with service(current) as svc:
+        go(current[0], [*CLI, "record", "--store", str(store), "--traj", "t", "--", PY,
+                        "agent.py", svc.url], tmp_path, _env())
+        assert current[0].killed.is_set() and svc.stats()["payments"] == 0
+        rows = _status(store)
+        assert [(c, s) for c, s, _ in rows] == [("0.1/net/0.1", "in-doubt")], rows
+        call, _, target = rows[0]
+        assert target == f"POST {svc.url}/payments", rows
+        current[0] = Run(kill=None, resume=True)
+        stop = go(current[0], [*CLI, "resume", str(store), "t"], tmp_path, _env())
+        assert stop.returncode == 4, stop.stderr
+        line = stop.stderr.strip().splitlines()[-1]
+        assert call in line and '"to": "acct-A"' in line and "settle" in line, stop.stderr
+        assert svc.stats()["payments"] == 0
+        _settle(store, call, "not-done")  # the person asked the service: nothing arrived
+        current[0] = Run(kill=None, resume=True)
+        res = go(current[0], [*CLI, "resume", str(store), "t"], tmp_path, _env())
+        assert res.returncode == 0, res.stderr
+        assert [p["to"] for p in svc.payments] == ["acct-A", "acct-B"]
+        assert '"to": "acct-A"' in res.stdout and "servers" in res.stdout, res.stdout
+    assert [s for _, s, _ in _status(store)] == ["settled", "settled"]
+
+
+def test_a_payment_settled_as_done_is_not_made_again(tmp_path: Path) -> None:
+    """Killed after the service made the first payment, before its answer: settled as
+    done, the resumed run does not send it again (curl sees its send fail: the answer
+    was never recorded) and goes on to the second."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    store = tmp_path / "store"
+    current = [Run(kill=("applied", 1))]
+    with service(current) as svc:
+        go(current[0], [*CLI, "record", "--store", str(store), "--traj", "t", "--", PY,
+                        "agent.py", svc.url], tmp_path, _env())
+        assert svc.stats()["payments"] == 1
+        (call, state, _), = _status(store)
+        assert state == "in-doubt"
+        _settle(store, call, "done")
+        current[0] = Run(kill=None, resume=True)
+        res = go(current[0], [*CLI, "resume", str(store), "t"], tmp_path, _env())
+        assert res.returncode == 0, res.stderr
+        assert [p["to"] for p in svc.payments] == ["acct-A", "acct-B"]
+
+
+def test_a_read_in_flight_at_the_crash_is_made_again_live(tmp_path: Path) -> None:
+    (tmp_path / "agent.py").write_text(AGENT)
+    store = tmp_path / "store"
+    current = [Run(kill=("read", 1))]
+    with service(current) as svc:
+        go(current[0], [*CLI, "record", "--store", str(store), "--traj", "t", "--", PY,
+                        "agent.py", svc.url], tmp_path, _env())
+        assert [s for _, s, _ in _status(store)] == ["settled"]  # the first payment's answer
+        current[0] = Run(kill=None, resume=True)
+        res = go(current[0], [*CLI, "resume", str(store), "t"], tmp_path, _env())
+        assert res.returncode == 0, res.stderr
+        assert 'servers {"servers": []}' in res.stdout, res.stdout  # asked again, answered
+        assert [p["to"] for p in svc.payments] == ["acct-A", "acct-B"]
+
+
+def test_crash_anywhere_then_resume_until_done_every_payment_exactly_once(
+        tmp_path: Path) -> None:
+    """Killed at a random moment (or at a service boundary), then: the test is the
+    person -- for each effect in doubt it asks the service whether that payment
+    happened and settles accordingly -- and resumes, until the run ends. Each payment
+    exactly once by the service's own count; no effect the service made is ever listed
+    as anything but in doubt or settled."""
+    rnd = random.Random(22)
+    (tmp_path / "agent.py").write_text(AGENT)
+    points: list[tuple[str, object]] = [("dispatch", 1), ("applied", 1), ("read", 1),
+                                        ("dispatch", 2), ("applied", 2)]
+    for trial in range(TRIALS):
+        kill = points[trial] if trial < len(points) else ("timer", rnd.uniform(0.3, 2.5))
+        store = tmp_path / f"store{trial}"
+        current = [Run(kill=kill)]
+        with service(current) as svc:
+            go(current[0], [*CLI, "record", "--store", str(store), "--traj", "t", "--", PY,
+                            "agent.py", svc.url], tmp_path, _env())
+            for _ in range(4):
+                rows = _status(store)
+                made = {p["to"] for p in svc.payments}
+                for call, state, _target in rows:
+                    assert state in ("in-doubt", "settled"), (kill, rows)
+                    if state == "in-doubt":
+                        payee = PAYEE[call.split("/", 1)[0]]
+                        _settle(store, call, "done" if payee in made else "not-done")
+                current[0] = Run(kill=None, resume=True)
+                res = go(current[0], [*CLI, "resume", str(store), "t"], tmp_path, _env())
+                if res.returncode == 0 and "already ended" not in res.stderr:
+                    break
+                assert res.returncode in (0, 4), (kill, res.stderr)
+            assert sorted(p["to"] for p in svc.payments) == ["acct-A", "acct-B"], (
+                kill, svc.payments)
