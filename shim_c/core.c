@@ -157,15 +157,18 @@ static int ship(uint16_t type, uint32_t tindex, const void *body, size_t n) {
 }
 
 /* Send a barrier-like message (drain, exit, a big record) and wait for the recorder's
- * one-byte answer: everything this process wrote before it is then appended. */
-static void barrier_with(uint16_t type, const void *body, size_t n) {
+ * one-byte answer: everything this process wrote before it is then appended. Returns
+ * the answer (1; 0: refused, for an intent the policy denies), 1 without a recorder. */
+static int barrier_with(uint16_t type, const void *body, size_t n) {
+    char ack = 1;
     spin_lock(&g_barrier_lock);
     if (ship(type, me()->tindex, body, n) && g_sock >= 0) {
-        char ack;
         long r;
         do r = RS3(SYS_read, g_sock, &ack, 1); while (r == -EINTR);
+        if (r != 1) ack = 1;
     }
     spin_unlock(&g_barrier_lock);
+    return ack;
 }
 
 static void barrier(uint16_t type) { barrier_with(type, NULL, 0); }

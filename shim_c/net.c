@@ -253,17 +253,18 @@ static int http_request(const netconn_t *c, const char *b, size_t k, char *targe
     return 1;
 }
 
-static void net_request(tls_t *t, int fd, const struct msghdr *mh, size_t n) {
+/* 1 if the send may go out; 0 if the run's policy refused the effect it begins. */
+static int net_request(tls_t *t, int fd, const struct msghdr *mh, size_t n) {
     netconn_t *c = &g_nconn[fd];
     (void)t;
-    if (c->phase == 1 || !g_sockpath[0]) return; /* the rest of a request, or no recorder */
+    if (c->phase == 1 || !g_sockpath[0]) return 1; /* the rest of a request, or no recorder */
     char head[2048], target[700], msg[1000];
     size_t k = iov_head(mh->msg_iov, mh->msg_iovlen, n, head, sizeof head);
     int h = http_request(c, head, k, target, sizeof target);
-    if (!h) return; /* not HTTP/1 (or a request's body): nothing known to tell */
+    if (!h) return 1; /* not HTTP/1 (or a request's body): nothing known to tell */
     c->phase = 1;
     c->reqs++;
-    if (h < 0) return;
+    if (h < 0) return 1;
     char *p = s_put(c->call, c->call + sizeof c->call - 1, g_proc);
     p = s_put(p, c->call + sizeof c->call - 1, "/net/");
     p = u_put(p, c->call + sizeof c->call - 1, c->conn);
@@ -280,7 +281,9 @@ static void net_request(tls_t *t, int fd, const struct msghdr *mh, size_t n) {
                 *p++ = head[j] == '\t' || head[j] == '\n' || head[j] == '\r' ? ' ' : head[j];
             break;
         }
-    barrier_with(MSG_INTENT, msg, (size_t)(p - msg)); /* durable before the bytes leave */
+    if (barrier_with(MSG_INTENT, msg, (size_t)(p - msg))) return 1; /* durable: send it */
+    c->call[0] = 0; /* the policy said no (stenograph record --policy) */
+    return 0;
 }
 
 /* A resumed process that went live goes on with a connection its prefix served: the
@@ -406,8 +409,9 @@ static ssize_t net_send(int fd, const struct msghdr *mh, int flags) {
             errno = EPIPE;
             return -1;
         }
-        net_request(t, fd, mh, asked);
-        long k = RS3(SYS_sendmsg, fd, mh, flags);
+        int ok = net_request(t, fd, mh, asked);
+        long k = ok ? RS3(SYS_sendmsg, fd, mh, flags) : -ECONNRESET;
+        if (!ok) RS2(SYS_shutdown, fd, SHUT_RDWR); /* the policy refused it: as if reset */
         r.asked = asked > 0xffffffffu ? 0xffffffffu : (uint32_t)asked;
         r.result = (int32_t)k;
         r.digest = iov_digest(mh->msg_iov, mh->msg_iovlen, k > 0 ? (size_t)k : 0, head, &r.head);

@@ -165,3 +165,28 @@ def test_crash_anywhere_then_resume_until_done_every_payment_exactly_once(
                 assert res.returncode in (0, 4), (kill, res.stderr)
             assert sorted(p["to"] for p in svc.payments) == ["acct-A", "acct-B"], (
                 kill, svc.payments)
+
+
+def test_the_policy_denies_a_programs_own_payment_before_it_leaves(tmp_path: Path) -> None:
+    """``--policy`` rules match a curl request's ``METHOD URL`` as they match a hooked
+    call's: denied, nothing reaches the service, curl sees its connection reset, the
+    read-only request beside it goes through, and the recording replays."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "policy.toml").write_text(
+        'default = "allow"\n[[rule]]\nmatch = "^POST .*/payments$"\naction = "deny"\n')
+    store = tmp_path / "store"
+    with service([Run(kill=None)]) as svc:
+        rec = subprocess.run([*CLI, "record", "--store", str(store), "--traj", "t",
+                              "--policy", "policy.toml", "--", PY, "agent.py", svc.url],
+                             cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                             timeout=180)
+        assert rec.returncode == 0, rec.stderr
+        assert svc.stats()["payments"] == 0 and svc.stats()["requests"] == 1
+    assert rec.stdout.count("curl failed") == 2 and 'servers {"servers": []}' in rec.stdout
+    assert _status(store) == []  # nothing was sent: no intent
+    steno = tmp_path / "t.steno"
+    subprocess.run([*CLI, "log", "export", str(store), "t", "-o", str(steno)], check=True,
+                   capture_output=True, timeout=60)
+    rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True, timeout=180)
+    assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr

@@ -164,20 +164,24 @@ class ExchangeServer:
 
     def _authorize(self, conn: socket.socket, body: dict[str, Any]) -> None:
         """Decide (policy, budget), append ``Authorized`` first, then answer the decision."""
+        answer = self.decide(body.get("call_id"), str(body.get("target")),
+                             str(body.get("channel")))
+        conn.sendall(msgpack.packb(answer, use_bin_type=True))
+
+    def decide(self, call_id: Any, target: str, channel: str) -> dict[str, Any]:
+        """The policy's and budget's decision on a call (``allow`` without either), its
+        ``Authorized`` event appended; also asked by the tape for an effect a program
+        sends on its own connection (``RecordSession``, channel ``net``)."""
         with self._lock:
             if self.authorizer is None:
-                answer = {"decision": "allow"}
-            else:
-                answer = self.authorizer.decide(str(body.get("target")),
-                                                str(body.get("channel")))
-                if answer["decision"] == "stop":
-                    self.stopped_for = str(answer["reason"])
-                    self.stopped_at = {"call_id": body.get("call_id"),
-                                       "target": body.get("target")}
-        if self.authorizer is not None:
-            self.store.append(self.traj, "Authorized",
-                              {"call_id": body.get("call_id"), **answer}, durable=False)
-        conn.sendall(msgpack.packb(answer, use_bin_type=True))
+                return {"decision": "allow"}
+            answer = self.authorizer.decide(target, channel)
+            if answer["decision"] == "stop":
+                self.stopped_for = str(answer["reason"])
+                self.stopped_at = {"call_id": call_id, "target": target}
+        self.store.append(self.traj, "Authorized", {"call_id": call_id, **answer},
+                          durable=False)
+        return answer
 
     def _spend(self, entry: dict[str, Any]) -> None:
         self.spend_into(self.authorizer, entry, self.store.blobs)

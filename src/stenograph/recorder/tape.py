@@ -21,7 +21,7 @@ import re
 import socket
 import struct
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,9 +244,13 @@ class RecordSession:
 
     DRAIN_EVERY = 0.05
 
-    def __init__(self, store: Any, traj: str, sock_path: str | Path, *, epoch: int = 0) -> None:
+    def __init__(self, store: Any, traj: str, sock_path: str | Path, *, epoch: int = 0,
+                 authorize: Callable[[str, str, str], dict[str, Any]] | None = None) -> None:
         self.epoch = epoch
         """The worker's lease epoch, which the effects on taped connections carry."""
+        self.authorize = authorize
+        """``(call_id, target, channel) -> {"decision", ...}``: the run's policy and budget
+        (``ExchangeServer.decide``), asked before an effect on a taped connection."""
         self.store = store
         self.traj = traj
         self.stats = SessionStats()
@@ -352,9 +356,16 @@ class RecordSession:
         every ring drained first, so the tape is consistent there: a cut) or its result,
         durable before the process goes on."""
         call_id, _, rest = body.decode("utf-8", "replace").partition("\t")
+        ack = b"\x01"
         try:
             if mtype == MSG_INTENT:
                 target, _, head = rest.partition("\t")
+                decision = (self.authorize(call_id, target, "net") if self.authorize
+                            else {"decision": "allow"})["decision"]
+                if decision != "allow":  # deny, stop (hold: not for these yet): not sent
+                    self.store.flush()
+                    conn.send(b"\x00")
+                    return
                 self.drain_all()
                 self.store.append(self.traj, "ToolIntent",
                                   {"call_id": call_id, "target": target, "channel": "net",
@@ -369,7 +380,7 @@ class RecordSession:
         except Exception as exc:  # the store refused it: noted, the program goes on
             with self._lock:
                 self.stats.errors.append(f"{type(exc).__name__}: {exc}")
-        conn.send(b"\x01")
+        conn.send(ack)
 
     def _sync_cut(self, proc: str, thread: int) -> None:
         """A process is about to use a connection outside the tree: every arena drained
