@@ -166,6 +166,7 @@ typedef int (*exec_fn)(const char *, char *const[], char *const[]);
 
 /* exec with the shim's variables in the new image's environment, buffers shipped first. */
 static int exec_taped(exec_fn real, const char *file, char *const argv[], char *const envp[]) {
+    whole_exec(file, real == real_execvpe, argv, envp); /* returns: exec it as it is */
     size_t ml = 0;
     char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
     before_exec();

@@ -42,6 +42,7 @@
 #include "pathmap.c"  /* sealed without namespaces: paths mapped by a seccomp trap */
 #include "seccomp.c"  /* BPF filter: raw getrandom trap, replay network refusal */
 #include "init.c"     /* constructor / destructor, environment, final flush */
+#include "whole.c"    /* a static or foreign-loader child: recorded whole, served whole */
 #include "proc.c"     /* fork, exec*, posix_spawn, system, popen, _exit */
 #include "syscall.c"  /* syscall() dispatcher */
 #include "pyctl.c"    /* steno_pause / steno_resume / steno_getenv / steno_reentries */

@@ -122,6 +122,10 @@
 #define OP_IO_READ 1 /* u32 asked | i32 result (bytes, or -errno) */
 #define OP_IO_POLL 2 /* i32 timeout_ms | u32 nfds | nfds x i16 events | i32 result | nfds x i16 revents */
 #define OP_IO_WAIT 3 /* i32 options | i32 result (0 running, >0 reaped, -errno) | i32 status */
+/* a child the shim cannot see into (static, another loader), recorded whole (whole.c) */
+#define OP_WHOLE_EXEC 4 /* argv strings, each with its NUL (checked) */
+#define OP_WHOLE_OUT 5  /* u32 fd (1 stdout, 2 stderr) | the bytes, as they came */
+#define OP_WHOLE_EXIT 6 /* i32 wait status */
 
 /* sched ops: one record per grant of the baton, on the taking thread's stream:
  * u32 grant (per process, from 0) | i32 outcome of the call the grant ends */

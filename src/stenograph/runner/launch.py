@@ -120,8 +120,11 @@ def resolve_program(argv: Sequence[str], env: Mapping[str, str]) -> str:
     return found
 
 
-def check_dynamic(path: str) -> None:
-    """Refuse a program the shim cannot see: an ELF without PT_INTERP is static."""
+def check_dynamic(path: str) -> bool:
+    """Whether ``path`` must be recorded whole: a static ELF (no ``PT_INTERP``: Go's own
+    binaries, musl tools) never loads the shim, so it runs under a shell the shim is in,
+    whose exec of it the shim records whole (``shim_c/whole.c``). A Go program linked
+    dynamically (cgo) loads the shim but bypasses it: refused."""
     try:
         with open(path, "rb") as f:
             head = f.read(64)
@@ -139,14 +142,18 @@ def check_dynamic(path: str) -> None:
     dynamic = any(int.from_bytes(table[i * phentsize:i * phentsize + 4], "little") == 3
                   for i in range(phnum))  # PT_INTERP
     if not dynamic:
-        raise BadInput(
-            "statically linked program: the LD_PRELOAD shim cannot see its clocks, entropy "
-            "or listings, so it cannot be recorded or replayed faithfully", path)
+        return True
     if _is_go(path):
         raise BadInput(
-            "Go program: its runtime reads clocks through the vDSO and makes raw system "
-            "calls, which the LD_PRELOAD shim cannot see, so it cannot be recorded or "
-            "replayed faithfully", path)
+            "Go program linked with cgo: its runtime reads clocks through the vDSO and makes "
+            "raw system calls past the LD_PRELOAD shim, which is loaded into it all the same, "
+            "so it cannot be recorded faithfully (a static Go build is recorded whole)", path)
+    return False
+
+
+WHOLE_CARRIER = ["/bin/sh", "-c", 'exec "$0" "$@"']
+"""What a program recorded whole runs under: a shell the shim is loaded into, whose exec
+of the program the shim records (or, at replay, serves) whole."""
 
 
 GO_BUILDINFO = b"\xff Go buildinf:"
@@ -323,7 +330,9 @@ def run_under_shim(
     stderr lengths whose prefixes to hash too (``OutputDigest``). ``stop_on``: the
     replay's divergence file (see ``wait_unless_diverged``)."""
     prog = resolve_program(argv, env)
-    check_dynamic(prog)
+    args = [prog, *argv[1:]]
+    if check_dynamic(prog):  # static: under a shell whose exec of it the shim takes whole
+        args, prog = [*WHOLE_CARRIER, *args], WHOLE_CARRIER[0]
     if stop_on is not None:
         _adopt_orphans()
     sealed_cwd = (held.cwd or cwd) if held is not None else seal.cwd if seal is not None \
@@ -344,7 +353,7 @@ def run_under_shim(
                        else seal_preexec(seal, seal_roots(env), why_w) if seal is not None
                        else None)
             proc = subprocess.Popen(
-                [prog, *argv[1:]], executable=exe, env=pad_steno_env(env),
+                args, executable=exe, env=pad_steno_env(env),
                 cwd=None if sealed_cwd else cwd,
                 stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
                 preexec_fn=preexec,

@@ -1,0 +1,155 @@
+/* Children the shim cannot see into, recorded whole (io ops 4-6).
+ *
+ * A static program, or one with another dynamic loader (Go's own binaries, musl tools),
+ * never loads this library: nothing it reads from the world is taped, so at replay it
+ * would run live and print something else. So an exec of one is not made as it is.
+ * Recording: the process that was about to exec it stays, runs it as a child of its own
+ * with its stdout and stderr through pipes, passes every byte on as it comes and tapes
+ * it (which fd, the bytes), then tapes the child's wait status and ends the same way.
+ * Replay: the program is not run at all; the same process writes the recorded bytes to
+ * the same fds, in the same order and pieces, and ends with the recorded status. What it
+ * reads from stdin, and files it changes, are not on the tape (docs/determinism.md). */
+
+static void before_exec(void); /* proc.c: the rings drained before the image changes */
+
+/* The file exec would run: `file` as given, or found on PATH (execvp's search). */
+static const char *whole_path(const char *file, int search, char *buf, size_t cap) {
+    if (!search || strchr(file, '/')) return file;
+    const char *path = getenv("PATH");
+    if (!path) path = "/bin:/usr/bin";
+    for (const char *p = path; *p;) {
+        const char *e = p;
+        while (*e && *e != ':') e++;
+        size_t n = (size_t)(e - p);
+        if (n + 1 + s_len(file) + 1 <= cap) {
+            memcpy(buf, p, n);
+            buf[n] = '/';
+            memcpy(buf + n + 1, file, s_len(file) + 1);
+            if (!is_err(RS2(SYS_access, buf, X_OK))) return buf;
+        }
+        p = *e ? e + 1 : e;
+    }
+    return file;
+}
+
+/* The arguments of OP_WHOLE_EXEC: argv, each string with its NUL (replay checks them). */
+static uint32_t whole_args(char *const argv[], char *out, uint32_t cap) {
+    uint32_t n = 0;
+    for (int i = 0; argv && argv[i]; i++) {
+        size_t k = s_len(argv[i]) + 1;
+        if (n + k > cap) break;
+        memcpy(out + n, argv[i], k);
+        n += (uint32_t)k;
+    }
+    return n;
+}
+
+static void whole_end(int status) {
+    if (WIFSIGNALED(status)) {
+        struct { void *h; unsigned long flags; void *restorer; uint64_t mask; } dfl = {0};
+        RS4(SYS_rt_sigaction, WTERMSIG(status), &dfl, NULL, 8);
+        uint64_t none = 0;
+        RS4(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, 8);
+        RS2(SYS_kill, RS0(SYS_getpid), WTERMSIG(status));
+    }
+    die(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+}
+
+static void write_all(int fd, const unsigned char *b, size_t n) {
+    while (n) {
+        long k = RS3(SYS_write, fd, b, n);
+        if (k == -EINTR) continue;
+        if (is_err(k) || k == 0) return;
+        b += k;
+        n -= (size_t)k;
+    }
+}
+
+static void whole_record(tls_t *t, const char *path, char *const argv[], char *const envp[]) {
+    int out[2], err[2];
+    if (is_err(RS2(SYS_pipe2, out, O_CLOEXEC)) || is_err(RS2(SYS_pipe2, err, O_CLOEXEC)))
+        return; /* exec it as it is */
+    before_exec();
+    long pid = RS6(SYS_clone, SIGCHLD, 0, 0, 0, 0, 0);
+    if (pid == 0) {
+        RS2(SYS_dup2, out[1], 1);
+        RS2(SYS_dup2, err[1], 2);
+        RS3(SYS_execve, path, argv, envp);
+        RS1(SYS_exit_group, 127);
+    }
+    RS1(SYS_close, out[1]);
+    RS1(SYS_close, err[1]);
+    if (pid < 0) die(127);
+    struct pollfd pf[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+    int open = 2;
+    static unsigned char buf[4 + 65536];
+    while (open) {
+        long r = RS3(SYS_poll, pf, 2, -1);
+        if (r == -EINTR) continue;
+        if (is_err(r)) break;
+        for (int i = 0; i < 2; i++) {
+            if (pf[i].fd < 0 || !pf[i].revents) continue;
+            long k = RS3(SYS_read, pf[i].fd, buf + 4, 65536);
+            if (k == -EINTR || k == -EAGAIN) continue;
+            if (k <= 0) {
+                RS1(SYS_close, pf[i].fd);
+                pf[i].fd = -1;
+                open--;
+                continue;
+            }
+            uint32_t fd = (uint32_t)(i + 1);
+            memcpy(buf, &fd, 4);
+            rec(t, CH_IO, OP_WHOLE_OUT, buf, 4 + (uint32_t)k);
+            write_all((int)fd, buf + 4, (size_t)k);
+        }
+    }
+    int status = 0;
+    while (RS4(SYS_wait4, pid, &status, 0, 0) == -EINTR) {}
+    int32_t st = status;
+    rec(t, CH_IO, OP_WHOLE_EXIT, &st, 4);
+    final_flush();
+    whole_end(status);
+}
+
+static void whole_serve(tls_t *t) {
+    for (;;) {
+        served_t s;
+        if (tape_peek(t, CH_IO, OP_WHOLE_OUT, NULL, 0) == 1 &&
+            tape_step(t, CH_IO, OP_WHOLE_OUT, NULL, 0, &s) == STEP_SERVED) {
+            uint32_t fd;
+            memcpy(&fd, s.p, 4);
+            write_all((int)fd, s.p + 4, s.n - 4);
+            continue;
+        }
+        if (tape_step(t, CH_IO, OP_WHOLE_EXIT, NULL, 0, &s) != STEP_SERVED) die(1);
+        int32_t st;
+        memcpy(&st, s.p, 4);
+        whole_end(st);
+    }
+}
+
+/* An exec the shim cannot follow into: recorded or served whole, never returns then.
+ * Returns if the exec is to be made as it is (the shim will be in the new image, or the
+ * run is not taped here: paused, a build replay that runs live). */
+static void whole_exec(const char *file, int search, char *const argv[], char *const envp[]) {
+    if (!g_mode || T.guard || reentered()) return;
+    char buf[PATH_MAX];
+    const char *path = whole_path(file, search, buf, sizeof buf);
+    if (!pm_unfit(path)) return;
+    tls_t *t = me();
+    char args[4096];
+    uint32_t an = whole_args(argv, args, sizeof args);
+    served_t s;
+    switch (tape_step(t, CH_IO, OP_WHOLE_EXEC, args, an, &s)) {
+    case STEP_RECORD:
+        rec(t, CH_IO, OP_WHOLE_EXEC, args, an);
+        whole_record(t, path, argv, envp);
+        return;
+    case STEP_SERVED:
+        whole_serve(t);
+        return;
+    case STEP_LIVE:
+    default:
+        return;
+    }
+}

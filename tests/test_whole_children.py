@@ -1,0 +1,101 @@
+"""Children the shim cannot see into, recorded whole (issue "Intent before effect at
+every way out", part 2): a static program (here one gcc links statically, reading the
+clock and getrandom, writing to stdout and stderr, exiting with a status; and, where the
+machine has them, the Google Cloud SDK's static Go binaries) never loads the shim. Its
+exec is recorded whole -- its output as it came and its exit status -- and at replay it
+does not run: the output and status are served, so the replay is bit for bit although
+the program would print another time and another random number. At the top level,
+``stenograph record -- STATIC`` records it the same way instead of refusing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "stenograph"]
+PY = os.path.realpath(sys.executable)
+GO_STATIC = Path("/usr/lib/google-cloud-sdk/bin/gcloud-crc32c")
+
+SRC = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <sys/random.h>
+int main(int argc, char **argv) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned r = 0;
+    getrandom(&r, sizeof r, 0);
+    for (int i = 0; i < 3; i++) {
+        printf("%s line %d: %ld.%09ld %u\n", argc > 1 ? argv[1] : "-", i, (long)ts.tv_sec,
+               ts.tv_nsec, r);
+        fflush(stdout);
+        fprintf(stderr, "err %d %u\n", i, r % 97);
+    }
+    return argc > 2 ? atoi(argv[2]) : 0;
+}
+"""
+
+PROGRAM = """
+import subprocess, sys
+for args in (["./static", "a"], ["./static", "b", "3"], *[[g, "--help"] for g in sys.argv[1:]]):
+    r = subprocess.run(args, capture_output=True, text=True)
+    print(args[-1], r.returncode, r.stdout.strip(), "|", r.stderr.strip()[:80])
+"""
+
+
+@pytest.fixture()
+def static(tmp_path: Path) -> Path:
+    if not shutil.which("gcc"):
+        pytest.skip("no compiler")
+    (tmp_path / "s.c").write_text(SRC)
+    out = tmp_path / "static"
+    if subprocess.run(["gcc", "-static", "-O2", "-o", str(out), str(tmp_path / "s.c")],
+                      capture_output=True).returncode:
+        pytest.skip("no static libc to link with")
+    return out
+
+
+def _replay(steno: Path, cwd: Path) -> dict:
+    rep = subprocess.run([*CLI, "replay", "--json", str(steno)], cwd=cwd, capture_output=True,
+                         text=True, timeout=120)
+    report = json.loads(rep.stdout.splitlines()[-1])
+    assert rep.returncode == 0 and report["divergences"] == [], report
+    assert all(report["identical"].values()), report
+    return report
+
+
+def test_static_children_are_recorded_whole_and_served(tmp_path: Path, static: Path) -> None:
+    (tmp_path / "p.py").write_text(PROGRAM)
+    go = [str(GO_STATIC)] if GO_STATIC.exists() else []
+    native = subprocess.run([PY, "p.py", *go], cwd=tmp_path, capture_output=True, text=True)
+    steno = tmp_path / "p.steno"
+    rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", PY, "p.py", *go],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert rec.returncode == 0, rec.stderr
+    # what it prints recorded is what it prints natively (another time, another number)
+    assert re.sub(r"\d+", "N", rec.stdout) == re.sub(r"\d+", "N", native.stdout), rec.stdout
+    assert "\n3 3 b line 0: " in rec.stdout, rec.stdout  # its exit status, 3, came back
+    for _ in range(2):
+        _replay(steno, tmp_path)
+    static.unlink()  # not run at replay: nothing to run
+    _replay(steno, tmp_path)
+
+
+def test_a_static_program_is_recorded_whole_at_the_top_level(tmp_path: Path,
+                                                              static: Path) -> None:
+    steno = tmp_path / "s.steno"
+    rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", str(static), "top", "5"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert rec.returncode == 5 and rec.stdout.startswith("top line 0: "), rec.stderr
+    assert rec.stderr.startswith("err 0 "), rec.stderr
+    report = _replay(steno, tmp_path)
+    assert report["exit_status"] == {"recorded": 5, "replayed": 5}, report
