@@ -13,6 +13,14 @@ static void copy_env(char *dst, size_t cap, const char *v) {
     dst[n] = 0;
 }
 
+/* The status the process ends with (exit's, through on_exit; _exit's), for the
+ * recorder: the result of a command that was an effect (MSG_EXIT "status N"). */
+static int g_exit_status = -1;
+static void note_exit_status(int status, void *arg) {
+    (void)arg;
+    g_exit_status = status;
+}
+
 __attribute__((constructor)) static void shim_init(void) {
     if (g_inited) return;
     resolve_all();
@@ -87,14 +95,23 @@ __attribute__((constructor)) static void shim_init(void) {
         sig_exec_arrived();
     }
     g_inited = 1;
-    if (m != MODE_OFF) procinfo();
+    if (m != MODE_OFF) {
+        on_exit(note_exit_status, NULL);
+        procinfo();
+    }
 }
 
 static void final_flush(void) {
     if (g_mode != MODE_RECORD || g_final || reentered()) return; /* see before_exec */
     T.guard++;
     rec(me(), CH_IDENTITY, OP_EXIT, &g_final, 0); /* ended through exit (see await_kill) */
-    barrier(MSG_EXIT);
+    char body[24];
+    char *p = body;
+    if (g_exit_status >= 0) {
+        p = s_put(p, body + sizeof body - 1, "status ");
+        p = u_put(p, body + sizeof body - 1, (unsigned)g_exit_status);
+    }
+    barrier_with(MSG_EXIT, body, (size_t)(p - body));
     g_final = 1;
     T.guard--;
 }

@@ -153,23 +153,50 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
     return out;
 }
 
-static void before_exec(void) {
+static void before_exec(int drained) {
     build_flush();
     deferred_save();
-    if (g_mode != MODE_RECORD || reentered()) return; /* flushing would wait on our own lock */
+    if (g_mode != MODE_RECORD || reentered() || drained) return; /* (our own lock) */
     T.guard++;
     barrier(MSG_BARRIER); /* the recorder drains every ring of this process first */
     T.guard--;
+}
+
+/* Record (and a resume's prefix, whose execs a person may have settled): tell the
+ * recorder what is about to run (MSG_EXEC), which drains this process as the exec
+ * barrier does and decides: 1 run it, 0 refused by the policy, 2 not to be run (a
+ * command a person settled as done). 1 without a recorder to ask. */
+static int exec_ask(char *const argv[]) {
+    if (!g_sockpath[0] || T.guard || reentered() || !(g_mode == MODE_RECORD || g_resume))
+        return 1;
+    char body[4096], *end = body + sizeof body - 1;
+    char *p = s_put(body, end, g_proc);
+    p = s_put(p, end, "/exec/");
+    p = u_put(p, end, g_tnext);
+    *p++ = 0;
+    long c = RS2(SYS_getcwd, p, (size_t)(end - p));
+    p = c > 0 ? p + c : (*p = 0, p + 1); /* getcwd's length counts its NUL */
+    for (int i = 0; argv && argv[i] && p < end; i++) {
+        p = s_put(p, end, argv[i]);
+        if (p < end) *p++ = 0;
+    }
+    T.guard++;
+    int a = barrier_with(MSG_EXEC, body, (size_t)(p - body));
+    T.guard--;
+    return a;
 }
 
 typedef int (*exec_fn)(const char *, char *const[], char *const[]);
 
 /* exec with the shim's variables in the new image's environment, buffers shipped first. */
 static int exec_taped(exec_fn real, const char *file, char *const argv[], char *const envp[]) {
-    whole_exec(file, real == real_execvpe, argv, envp); /* returns: exec it as it is */
+    int asked = exec_ask(argv);
+    if (asked == 0) { errno = EACCES; return -1; } /* the policy refused the command */
+    if (asked == 2) { g_exit_status = 0; final_flush(); die(0); } /* done, a person said */
+    whole_exec(file, real == real_execvpe, argv, envp, asked == 1 && g_mode == MODE_RECORD);
     size_t ml = 0;
     char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
-    before_exec();
+    before_exec(g_mode == MODE_RECORD && g_sockpath[0] && !T.guard);
     sig_exec_block();
     int r = real(file, argv, env ? env : envp);
     int e = errno;
@@ -281,6 +308,7 @@ EXPORT FILE *popen(const char *cmd, const char *type) {
 
 EXPORT void _exit(int status) {
     RESOLVE(_exit);
+    g_exit_status = status & 0xff;
     build_flush();
     final_flush();
     real__exit(status);

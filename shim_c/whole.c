@@ -10,7 +10,7 @@
  * the same fds, in the same order and pieces, and ends with the recorded status. What it
  * reads from stdin, and files it changes, are not on the tape (docs/determinism.md). */
 
-static void before_exec(void); /* proc.c: the rings drained before the image changes */
+static void before_exec(int drained); /* proc.c: the rings drained before the image changes */
 
 /* The file exec would run: `file` as given, or found on PATH (execvp's search). */
 static const char *whole_path(const char *file, int search, char *buf, size_t cap) {
@@ -65,11 +65,12 @@ static void write_all(int fd, const unsigned char *b, size_t n) {
     }
 }
 
-static void whole_record(tls_t *t, const char *path, char *const argv[], char *const envp[]) {
+static void whole_record(tls_t *t, const char *path, char *const argv[], char *const envp[],
+                         int drained) {
     int out[2], err[2];
     if (is_err(RS2(SYS_pipe2, out, O_CLOEXEC)) || is_err(RS2(SYS_pipe2, err, O_CLOEXEC)))
         return; /* exec it as it is */
-    before_exec();
+    before_exec(drained);
     long pid = RS6(SYS_clone, SIGCHLD, 0, 0, 0, 0, 0);
     if (pid == 0) {
         RS2(SYS_dup2, out[1], 1);
@@ -107,6 +108,7 @@ static void whole_record(tls_t *t, const char *path, char *const argv[], char *c
     while (RS4(SYS_wait4, pid, &status, 0, 0) == -EINTR) {}
     int32_t st = status;
     rec(t, CH_IO, OP_WHOLE_EXIT, &st, 4);
+    if (WIFEXITED(status)) g_exit_status = WEXITSTATUS(status);
     final_flush();
     whole_end(status);
 }
@@ -131,7 +133,8 @@ static void whole_serve(tls_t *t) {
 /* An exec the shim cannot follow into: recorded or served whole, never returns then.
  * Returns if the exec is to be made as it is (the shim will be in the new image, or the
  * run is not taped here: paused, a build replay that runs live). */
-static void whole_exec(const char *file, int search, char *const argv[], char *const envp[]) {
+static void whole_exec(const char *file, int search, char *const argv[], char *const envp[],
+                       int drained) {
     if (!g_mode || T.guard || reentered()) return;
     char buf[PATH_MAX];
     const char *path = whole_path(file, search, buf, sizeof buf);
@@ -143,7 +146,7 @@ static void whole_exec(const char *file, int search, char *const argv[], char *c
     switch (tape_step(t, CH_IO, OP_WHOLE_EXEC, args, an, &s)) {
     case STEP_RECORD:
         rec(t, CH_IO, OP_WHOLE_EXEC, args, an);
-        whole_record(t, path, argv, envp);
+        whole_record(t, path, argv, envp, drained);
         return;
     case STEP_SERVED:
         whole_serve(t);

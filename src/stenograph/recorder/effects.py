@@ -135,9 +135,11 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
         st.events += 1
         body = ev.body if isinstance(ev.body, dict) else {}
         if ev.kind in ("ToolIntent", "Exchange") and body.get("channel") in ("http", "tool",
-                                                                            "net"):
+                                                                            "net", "exec"):
+            pos = body.get("pos")
             handled.add(str(body.get("call_id") if ev.kind == "ToolIntent" else call_id(
-                str(body.get("proc")), str(body.get("channel")), int(body.get("pos", -1)))))
+                str(body.get("proc")), str(body.get("channel")),
+                pos if isinstance(pos, int) else -1)))
         if ev.kind == "ToolIntent":
             cid = str(body.get("call_id"))
             eff = Effect(cid, str(body.get("target", "?")), body.get("idempotency_key"),

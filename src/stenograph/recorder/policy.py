@@ -10,7 +10,9 @@ A policy file (TOML or JSON) is a list of rules, first match wins::
     summary = "a payment"        # what the person is shown (hold)
 
 A target is what the log calls it elsewhere: ``METHOD URL`` for HTTP (model calls
-too), ``tool NAME`` for a declared tool. The policy's version is the sha256 of the
+too, and a program's own HTTP/1 requests), ``tool NAME`` for a declared tool, ``exec
+COMMAND LINE`` for every command a process runs. A ``[commands]`` table lists more
+commands that are effects (``recorder/commands.py``). The policy's version is the sha256 of the
 file's bytes. Budgets: ``tokens`` (input + output, summed over the run's model
 replies) and ``usd`` (the same tokens priced per model: ``--prices FILE``, a JSON map
 ``{model: [usd per 1M input tokens, usd per 1M output tokens]}``, over the built-in
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stenograph.recorder.commands import DEFAULT_EFFECTS, Commands
 from stenograph.recorder.errors import BadInput
 
 ACTIONS = ("allow", "deny", "hold")
@@ -59,6 +62,8 @@ class Policy:
     rules: tuple[Rule, ...] = ()
     default: str = "allow"
     version: str | None = None
+    commands: Commands = field(default_factory=Commands)
+    """Which commands are effects: the defaults plus the file's ``[commands]``."""
 
     @classmethod
     def load(cls, path: str | Path) -> Policy:
@@ -90,7 +95,15 @@ class Policy:
             except re.error as exc:
                 raise BadInput(f"--policy: rule {i + 1}: bad regex: {exc}", str(p)) from None
             rules.append(Rule(pat, r["action"], r.get("summary")))
-        return cls(tuple(rules), default, hashlib.sha256(data).hexdigest())
+        cmds = doc.get("commands") or {}
+        lists: dict[str, tuple[str, ...]] = {}
+        for key in ("effect", "read_only"):
+            globs = cmds.get(key, []) if isinstance(cmds, dict) else None
+            if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+                raise BadInput(f"--policy: [commands] {key} must be a list of globs", str(p))
+            lists[key] = tuple(globs)
+        commands = Commands(DEFAULT_EFFECTS + lists["effect"], lists["read_only"])
+        return cls(tuple(rules), default, hashlib.sha256(data).hexdigest(), commands)
 
     def decide(self, target: str) -> tuple[str, str | None]:
         """(action, summary) for a call to ``target``."""

@@ -112,7 +112,8 @@ def plan(traj: str, events: Sequence[Event]) -> ResumePlan:
                                "pos": intent.get("pos"),
                                **({"arguments": intent["arguments"]}
                                   if "arguments" in intent else {})})
-        elif eff.decision == "done" and eff.result_lsn is None and intent.get("channel") != "net":
+        elif (eff.decision == "done" and eff.result_lsn is None
+              and intent.get("channel") not in ("net", "exec")):  # (no Python tape to serve)
             p.settled_done.append({"settled": settled.get(eff.call_id, {}), "intent": intent})
     resolved = {str(e.body.get("call_id")): e.body for e in seen
                 if e.kind == "ApprovalResolved"}

@@ -27,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from stenograph.recorder.codec import Event
+from stenograph.recorder.commands import Commands, command_line
 from stenograph.recorder.errors import CorruptLog
 from stenograph.recorder.rings import Arena, Drained, process_gone
 from stenograph.recorder.seqpacket import SeqpacketServer
 
 MAGIC = b"STP1"
 MSG_DATA, MSG_BARRIER, MSG_EXIT, MSG_RING, MSG_NUDGE, MSG_BIG, MSG_SYNC = 1, 2, 3, 4, 5, 6, 7
-MSG_INTENT, MSG_RESULT = 8, 9
+MSG_INTENT, MSG_RESULT, MSG_EXEC = 8, 9, 10
 HEADER = struct.Struct("<4sHHIH")
 _ARENA_ID = struct.Struct("<Q")
 RECORD = struct.Struct("<BBHI")
@@ -252,7 +253,16 @@ class RecordSession:
         """The worker's lease epoch, which the effects on taped connections carry."""
         self.authorize = authorize
         """``(call_id, target, channel) -> {"decision", ...}``: the run's policy and budget
-        (``ExchangeServer.decide``), asked before an effect on a taped connection."""
+        (``ExchangeServer.decide``), asked before an effect on a taped connection and
+        before every exec."""
+        self.commands = Commands()
+        """Which command lines are effects (``recorder/commands.py``)."""
+        self.settled: dict[str, str] = {}
+        """Resume: a person's decision (``done``, ``not-done``) on effects left in doubt."""
+        self.known: set[str] = set()
+        """Resume: the call ids whose intents the log holds (their execs are replayed)."""
+        self._pending: dict[str, str] = {}  # proc -> the exec effect it is running
+        self._renamed: dict[str, str] = {}  # a redone effect's call id -> its new one
         self.store = store
         self.traj = traj
         self.stats = SessionStats()
@@ -338,6 +348,8 @@ class RecordSession:
                 self._drain(peer.arena, then=big)
                 if mtype == MSG_SYNC:
                     self._sync_cut(proc, thread)
+                if mtype == MSG_EXIT and body.startswith(b"status "):
+                    self._exited(proc, body[7:].decode("ascii", "replace"))
             except Exception as exc:  # the store refused it: noted, the program goes on
                 with self._lock:
                     self.stats.errors.append(f"{type(exc).__name__}: {exc}")
@@ -346,6 +358,8 @@ class RecordSession:
             conn.send(b"\x01")
         elif mtype in (MSG_INTENT, MSG_RESULT):
             self._effect(conn, mtype, proc, peer, body)
+        elif mtype == MSG_EXEC:
+            self._exec(conn, proc, peer, body)
         elif mtype == MSG_DATA:  # records sent as they are (an older shim's way)
             if body:
                 self._append(proc, [Drained(thread, body)])
@@ -359,6 +373,9 @@ class RecordSession:
         durable before the process goes on."""
         call_id, _, rest = body.decode("utf-8", "replace").partition("\t")
         ack = b"\x01"
+        if mtype == MSG_INTENT and call_id in self.settled:  # redone: an effect of its own
+            self._renamed[call_id] = f"{call_id}@{self.epoch}"
+        call_id = self._renamed.get(call_id, call_id)
         try:
             if mtype == MSG_INTENT:
                 target, _, head = rest.partition("\t")
@@ -383,6 +400,54 @@ class RecordSession:
             with self._lock:
                 self.stats.errors.append(f"{type(exc).__name__}: {exc}")
         conn.send(ack)
+
+    def _exec(self, conn: socket.socket, proc: str, peer: _Peer, body: bytes) -> None:
+        """A process is about to exec ``call id \0 cwd \0 argv...``: drain it (the barrier
+        every exec takes), and decide. The answer: 1 run it, 0 refused (the policy:
+        the exec fails with EACCES), 2 do not (resume: a person said it was done; the
+        process ends with status 0). A command that is an effect gets its durable
+        ``ToolIntent`` first, with every ring drained: a cut."""
+        parts = body.split(b"\0")
+        call_id = parts[0].decode("utf-8", "replace")
+        cwd = parts[1].decode("utf-8", "replace") if len(parts) > 1 else ""
+        line = command_line([p.decode("utf-8", "replace") for p in parts[2:] if p])
+        answer = 1
+        try:
+            self._drain(peer.arena)
+            if call_id in self.settled:
+                if self.settled[call_id] == "done":
+                    answer = 2
+                else:
+                    self._renamed[call_id] = call_id = f"{call_id}@{self.epoch}"
+            elif call_id in self.known:  # the resumed prefix replays it
+                conn.send(b"\x01")
+                return
+            if answer == 1 and self.authorize is not None and self.authorize(
+                    call_id, f"exec {line}", "exec")["decision"] != "allow":
+                answer = 0
+            if answer == 1 and self.commands.is_effect(line):
+                self.drain_all()
+                self.store.append(self.traj, "ToolIntent",
+                                  {"call_id": call_id, "target": f"exec {line}",
+                                   "channel": "exec", "proc": proc, "cwd": cwd,
+                                   "epoch": self.epoch}, durable=False)
+                with self._lock:
+                    self._pending[proc] = call_id
+            self.store.flush()
+        except Exception as exc:  # the store refused it: noted, the program goes on
+            with self._lock:
+                self.stats.errors.append(f"{type(exc).__name__}: {exc}")
+        conn.send(bytes([answer]))
+
+    def _exited(self, proc: str, status: str) -> None:
+        """A process ended through exit: the result of the exec effect it ran, if any."""
+        with self._lock:
+            call_id = self._pending.pop(proc, None)
+        if call_id is not None:
+            self.store.append(self.traj, "ToolResult",
+                              {"call_id": call_id, "channel": "exec", "status": status},
+                              durable=False)
+            self.store.flush()
 
     def _sync_cut(self, proc: str, thread: int) -> None:
         """A process is about to use a connection outside the tree: every arena drained

@@ -103,12 +103,14 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
             http = not d["target"].startswith("tool ")
             d["settle"] = "person" if http and (req.settle_http == "escalate" or any(
                 p.search(url) for p in req.escalate)) else "reissue"
-            if d.get("channel") == "net":  # a request a program sent on its own socket
+            if d.get("channel") in ("net", "exec"):  # a program's own request, a command
                 d["settle"] = "person"
-        net = [d for d in rp.in_doubt if d.get("channel") == "net"]
+        net = [d for d in rp.in_doubt if d.get("channel") in ("net", "exec")]
         if net:  # nothing in the program can ask for it again: a person, before it runs
             d = net[0]
-            why = "was sent by the program on its own connection, which no one can ask again"
+            why = ("was sent by the program on its own connection, which no one can ask "
+                   "again" if d["channel"] == "net" else
+                   "is a command that was running when the run ended")
             return {"traj": traj, "resumed": True, "epoch": rp.state.epoch,
                     "in_doubt": [x["call_id"] for x in rp.in_doubt],
                     "attention": {"call_id": d["call_id"], "target": d["target"], "why": why,
@@ -199,6 +201,11 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
                 sw.checkpoints.snap.read_from = held.view
             session = LiveSession(s, traj, sock_dir, checkpoints=checkpoints,
                                   authorizer=req.authorizer, worker=worker)
+            # a command the prefix runs again is replayed, or (settled) done or redone
+            session.tape.known = {str(e.body.get("call_id")) for e in rp.events
+                                  if e.kind == "ToolIntent"}
+            session.tape.settled = {e.call_id: e.decision for e in rp.state.effects
+                                    if e.decision is not None}
             try:
                 _outcome(session, epoch, tape, started, held, out)
             finally:

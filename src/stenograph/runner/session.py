@@ -106,8 +106,9 @@ class LiveSession:
             before_append=self.tape.drain_all,
             before_approval=checkpoints.at_approval if checkpoints else None,
             authorizer=authorizer)
-        if authorizer is not None:  # a program's own HTTP effects obey the policy too
+        if authorizer is not None:  # a program's own HTTP effects and commands obey it too
             self.tape.authorize = self.exchanges.decide
+            self.tape.commands = authorizer.policy.commands
         self.flusher: Flusher | None = Flusher(store)
         self.stats: SessionStats | None = None
         self.result: RunResult | None = None

@@ -1,0 +1,63 @@
+"""Which commands a program runs are effects: ``git push``, ``gh pr merge``, ``kubectl
+apply``, ``terraform apply``... An exec of one gets a durable ``ToolIntent`` before the
+new image starts and a ``ToolResult`` (its exit status) when it ends (the shim asks at
+every exec of a recorded process, ``MSG_EXEC``; ``recorder/tape.py`` answers).
+
+A command is matched as one line, ``basename(argv[0])`` and the arguments joined by
+spaces, against shell-style globs (``fnmatch``). The defaults below are what a person
+would list for the tools of coding and ops agents: commands that change something
+outside the machine. A policy file (``--policy``) adds its own::
+
+    [commands]
+    effect = ["./deploy.sh*", "psql * -c *INSERT*"]
+    read_only = ["git push --dry-run*"]      # checked first: never an effect
+
+and its ``[[rule]]`` regexes decide (allow, deny) on the target ``exec <command line>``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+DEFAULT_EFFECTS: tuple[str, ...] = (
+    "git push*", "git -C * push*",
+    "gh pr create*", "gh pr merge*", "gh pr close*", "gh pr comment*", "gh pr review*",
+    "gh issue create*", "gh issue close*", "gh issue comment*", "gh release create*",
+    "gh repo create*", "gh repo delete*", "gh api * -X *", "gh api * --method *",
+    "kubectl apply*", "kubectl create*", "kubectl delete*", "kubectl patch*",
+    "kubectl replace*", "kubectl scale*", "kubectl rollout*", "kubectl set*",
+    "kubectl label*", "kubectl annotate*", "kubectl drain*", "kubectl cordon*",
+    "helm install*", "helm upgrade*", "helm uninstall*", "helm rollback*",
+    "terraform apply*", "terraform destroy*", "terraform import*", "tofu apply*",
+    "tofu destroy*", "pulumi up*", "pulumi destroy*",
+    "docker push*", "podman push*", "npm publish*", "pnpm publish*", "yarn publish*",
+    "twine upload*", "cargo publish*", "gem push*",
+    "aws * create-*", "aws * delete-*", "aws * put-*", "aws * update-*", "aws s3 cp*",
+    "aws s3 rm*", "aws s3 sync*", "aws s3 mv*",
+    "gcloud * create*", "gcloud * delete*", "gcloud * deploy*", "gcloud * update*",
+    "az * create*", "az * delete*", "az * update*",
+)
+"""Commands that are effects unless a policy says otherwise."""
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """How a command is matched and shown: ``git push origin main``."""
+    if not argv:
+        return ""
+    return " ".join([os.path.basename(argv[0]), *argv[1:]])
+
+
+@dataclass(frozen=True)
+class Commands:
+    """Which command lines are effects."""
+
+    effect: tuple[str, ...] = DEFAULT_EFFECTS
+    read_only: tuple[str, ...] = ()
+
+    def is_effect(self, line: str) -> bool:
+        if any(fnmatch.fnmatchcase(line, g) for g in self.read_only):
+            return False
+        return any(fnmatch.fnmatchcase(line, g) for g in self.effect)
