@@ -67,6 +67,7 @@ bench: $(STAMP) $(USTAMP)
 	$(BIN)/python bench/bisect_run.py
 	$(BIN)/python bench/view.py
 	$(BIN)/python bench/socket_tape.py
+	$(BIN)/python bench/commands.py
 
 soak: $(STAMP)
 	STENO_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q tests/test_fuzz_readers.py
