@@ -170,7 +170,8 @@ static int exec_ask(char *const argv[]) {
     if (!g_sockpath[0] || T.guard || reentered() || !(g_mode == MODE_RECORD || g_resume))
         return 1;
     char body[4096], *end = body + sizeof body - 1;
-    char *p = s_put(body, end, g_proc);
+    char *p = s_put(body, end, g_mode == MODE_RECORD ? "L" : "R"); /* live, or replayed */
+    p = s_put(p, end, g_proc);
     p = s_put(p, end, "/exec/");
     p = u_put(p, end, g_tnext);
     *p++ = 0;

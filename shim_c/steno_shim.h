@@ -28,7 +28,8 @@
 #define MSG_INTENT 8  /* "call id \t METHOD url \t body head": an HTTP effect on a taped connection is about
                        * to be sent: drain every ring, append its ToolIntent, sync, answer */
 #define MSG_RESULT 9  /* "call id \t status line": its answer began: ToolResult, sync, answer */
-#define MSG_EXEC 10   /* "call id \0 cwd \0 argv..." (record, and a resume's prefix): about to
+#define MSG_EXEC 10   /* "L|R call id \0 cwd \0 argv..." (record, and a resume's prefix, R:
+                       * replayed): about to
                        * exec; drain the process, decide: answers 1 run, 0 refused by the
                        * policy, 2 do not (settled done); an effect's ToolIntent is synced
                        * first. MSG_EXIT's body "status N" is the exit status, its result */

@@ -402,13 +402,14 @@ class RecordSession:
         conn.send(ack)
 
     def _exec(self, conn: socket.socket, proc: str, peer: _Peer, body: bytes) -> None:
-        """A process is about to exec ``call id \0 cwd \0 argv...``: drain it (the barrier
+        """A process is about to exec ``L|R call id \0 cwd \0 argv...`` (R: in a resumed or
+        forked prefix, replayed, not run): drain it (the barrier
         every exec takes), and decide. The answer: 1 run it, 0 refused (the policy:
         the exec fails with EACCES), 2 do not (resume: a person said it was done; the
         process ends with status 0). A command that is an effect gets its durable
         ``ToolIntent`` first, with every ring drained: a cut."""
         parts = body.split(b"\0")
-        call_id = parts[0].decode("utf-8", "replace")
+        replayed, call_id = parts[0][:1] == b"R", parts[0][1:].decode("utf-8", "replace")
         cwd = parts[1].decode("utf-8", "replace") if len(parts) > 1 else ""
         line = command_line([p.decode("utf-8", "replace") for p in parts[2:] if p])
         answer = 1
@@ -419,7 +420,7 @@ class RecordSession:
                     answer = 2
                 else:
                     self._renamed[call_id] = call_id = f"{call_id}@{self.epoch}"
-            elif call_id in self.known:  # the resumed prefix replays it
+            elif replayed or call_id in self.known:  # a prefix replays it: not run
                 conn.send(b"\x01")
                 return
             if answer == 1 and self.authorize is not None and self.authorize(
