@@ -155,7 +155,7 @@ static void net_register_in(long fd, const char *base, size_t blen) {
 
 static void net_register(long fd) { net_register_in(fd, g_tape, s_len(g_tape)); }
 
-/* Recording (net.c's bind): the address is the tree's own from now on. */
+/* Recording (netio.c's bind): the address is the tree's own from now on. */
 static void net_note_bind(int fd) {
     size_t b = net_base();
     if (b) net_register_in(fd, g_sockpath, b);

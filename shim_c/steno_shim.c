@@ -29,7 +29,9 @@
 #include "entropy.c"  /* channel entropy; fds on /dev/[u]random; open*, fopen* */
 #include "sched.c"    /* channel sched: threads take turns; locks, conditions, semaphores */
 #include "identity.c" /* channel identity: pids (and the recorded->live map), hostname, uname */
-#include "net.c"      /* channel net: connections to peers outside the tree */
+#include "net.c"      /* channel net: connections to peers outside the tree, connect */
+#include "neteffect.c" /* their HTTP/1 requests as effects; a resumed connection going live */
+#include "netio.c"    /* their sends, receives, socket calls, epoll sets */
 #include "io.c"       /* channel io: read/poll shape of own pipes, waitpid(WNOHANG); child waits */
 #include "wait.c"     /* channel wait: sleeps, poll/select/epoll timeouts, deadlines */
 #include "dirents.c"  /* channel dirents: listings, scandir */

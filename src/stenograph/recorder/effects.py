@@ -3,7 +3,7 @@
 An effect is a call that changes the world: an HTTP request that is neither a model call
 nor read-only (``interpose/effects.py`` decides), a ``@stenograph.tool(effect=True)``, or
 an HTTP request on a taped connection (a tool's ``curl``, a ``urllib`` call: channel
-``net``, ``shim_c/net.c``) whose method is not GET, HEAD, OPTIONS or TRACE.
+``net``, ``shim_c/neteffect.c``) whose method is not GET, HEAD, OPTIONS or TRACE.
 Before it is dispatched the recorder makes a ``ToolIntent`` durable (call id, target,
 body, idempotency key, fencing epoch), with everything the tree taped before it; the
 call's ``Exchange`` entry, when it comes back, is its result. So a reader of the log

@@ -368,7 +368,7 @@ class RecordSession:
 
     def _effect(self, conn: socket.socket, mtype: int, proc: str, peer: _Peer,
                 body: bytes) -> None:
-        """An HTTP effect on a taped connection (``shim_c/net.c``): its intent (with
+        """An HTTP effect on a taped connection (``shim_c/neteffect.c``): its intent (with
         every ring drained first, so the tape is consistent there: a cut) or its result,
         durable before the process goes on."""
         call_id, _, rest = body.decode("utf-8", "replace").partition("\t")

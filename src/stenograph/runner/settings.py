@@ -127,7 +127,7 @@ class TapeFiles:
     def net_redo(self) -> Path:
         """Resume: the call ids of HTTP effects on taped connections that a person settled
         as not done, one per line: the shim connects such a request's socket again and
-        sends it live (``shim_c/net.c``, ``net_redo``)."""
+        sends it live (``shim_c/neteffect.c``, ``net_may_send``)."""
         return self.root / "net-redo"
 
     @property
