@@ -435,7 +435,7 @@ static int nreg_has(int ep) {
 EXPORT int epoll_ctl(int ep, int op, int fd, struct epoll_event *ev) {
     if (!NET_ON(fd)) {
         long r = RS4(SYS_epoll_ctl, ep, op, fd, ev);
-        if (!is_err(r) && op == EPOLL_CTL_DEL) nreg_ctl(ep, op, fd, ev);
+        if (!is_err(r) && op == EPOLL_CTL_DEL && UNLIKELY(g_nregs)) nreg_ctl(ep, op, fd, ev);
         return (int)sys_ret(r);
     }
     long r = g_mode == MODE_RECORD ? RS4(SYS_epoll_ctl, ep, op, fd, ev) : 0;

@@ -434,7 +434,7 @@ class RecordSession:
                                    "epoch": self.epoch}, durable=False)
                 with self._lock:
                     self._pending[proc] = call_id
-            self.store.flush()
+                self.store.flush()  # (only an effect's exec waits for a sync)
         except Exception as exc:  # the store refused it: noted, the program goes on
             with self._lock:
                 self.stats.errors.append(f"{type(exc).__name__}: {exc}")
