@@ -648,7 +648,7 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
         resume_park(t); /* returns live, or still replaying (lenient) */
         return NULL;
     }
-    if (!rh && !g_lenient && !g_resume && recorded_exit()) park_at_exit(t);
+    if (!rh && !g_lenient && recorded_exit()) park_at_exit(t); /* (a resume's too) */
     if (!rh && !g_lenient) await_kill();
     report("divergence", t, ch, rh, op, args, argn, site);
     if (!g_lenient && t_soft) g_offtape = 1;

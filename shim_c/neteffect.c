@@ -109,16 +109,22 @@ static int net_request(tls_t *t, int fd, const struct msghdr *mh, size_t n) {
  * again: a read-only one, or an effect a person settled as not done (TAPE/net-redo
  * lists those); any other is refused unsent, as is anything on a connection that was
  * mid-conversation when the prefix ended. Nothing is ever sent twice. */
+static void nreg_to_kernel(int fd); /* netio.c */
+
 static void net_live(int fd) {
     netconn_t *c = &g_nconn[fd];
     c->served = 0;
-    if (c->sends || c->phase) return; /* mid-conversation: its sends are refused */
-    long r = RS3(SYS_connect, fd, &c->sa, c->salen);
-    if (r == -EINPROGRESS) {
-        struct pollfd pf = {fd, POLLOUT, 0};
-        RS3(SYS_poll, &pf, 1, 10000);
+    if (!c->sends && !c->phase) { /* (mid-conversation: its sends are refused) */
+        long r = RS3(SYS_connect, fd, &c->sa, c->salen);
+        if (r == -EINPROGRESS) {
+            struct pollfd pf = {fd, POLLOUT, 0};
+            RS3(SYS_poll, &pf, 1, 10000);
+        }
+        c->fresh = 1;
     }
-    c->fresh = 1;
+    /* the epoll sets it is in get it now (replay kept it out of the kernel's): connected,
+     * it reports its traffic; never connected, its hang-up, so no one waits for ever */
+    nreg_to_kernel(fd);
 }
 
 static int net_may_send(int fd, const struct msghdr *mh, size_t n) {

@@ -477,12 +477,17 @@ static uint32_t net_epoll_others(int ep, const unsigned char *p, uint32_t n, con
 /* Resume, gone live: a served connection in this set connects now (net_live), and the
  * kernel's set gets it as the program registered it (replay never gave it one). */
 static void net_epoll_resumed(int ep) {
+    for (int i = 0; i < g_nregs; i++)
+        if (g_nreg[i].ep == ep && nfd_is(g_nreg[i].fd) && g_nconn[g_nreg[i].fd].served)
+            net_live(g_nreg[i].fd);
+}
+
+static void nreg_to_kernel(int fd) {
     for (int i = 0; i < g_nregs; i++) {
         netreg_t r = g_nreg[i];
-        if (r.ep != ep || !nfd_is(r.fd) || !g_nconn[r.fd].served) continue;
-        net_live(r.fd);
+        if (r.fd != fd) continue;
         struct epoll_event e = {.events = r.events, .data = {.u64 = r.data}};
-        RS4(SYS_epoll_ctl, ep, EPOLL_CTL_ADD, r.fd, &e);
+        RS4(SYS_epoll_ctl, r.ep, EPOLL_CTL_ADD, fd, &e);
     }
 }
 
