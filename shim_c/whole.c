@@ -55,14 +55,23 @@ static void whole_end(int status) {
     die(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
-static void write_all(int fd, const unsigned char *b, size_t n) {
+/* 0, or -errno: a reader gone (EPIPE: `... | head -1`). SIGPIPE is ignored while this
+ * process stands in for the program: it dies of it as the tape says, not as timing does. */
+static long write_all(int fd, const unsigned char *b, size_t n) {
     while (n) {
         long k = RS3(SYS_write, fd, b, n);
         if (k == -EINTR) continue;
-        if (is_err(k) || k == 0) return;
+        if (is_err(k)) return k;
+        if (k == 0) return -EIO;
         b += k;
         n -= (size_t)k;
     }
+    return 0;
+}
+
+static void whole_ignore_sigpipe(void) {
+    struct { void *h; unsigned long flags; void *restorer; uint64_t mask; } ign = {SIG_IGN, 0, 0, 0};
+    RS4(SYS_rt_sigaction, SIGPIPE, &ign, NULL, 8);
 }
 
 static void whole_record(tls_t *t, const char *path, char *const argv[], char *const envp[],
@@ -81,6 +90,8 @@ static void whole_record(tls_t *t, const char *path, char *const argv[], char *c
     RS1(SYS_close, out[1]);
     RS1(SYS_close, err[1]);
     if (pid < 0) die(127);
+    whole_ignore_sigpipe();
+    int piped = 0; /* our reader went away: the program's next write would have killed it */
     struct pollfd pf[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
     int open = 2;
     static unsigned char buf[4 + 65536];
@@ -101,11 +112,18 @@ static void whole_record(tls_t *t, const char *path, char *const argv[], char *c
             uint32_t fd = (uint32_t)(i + 1);
             memcpy(buf, &fd, 4);
             rec(t, CH_IO, OP_WHOLE_OUT, buf, 4 + (uint32_t)k);
-            write_all((int)fd, buf + 4, (size_t)k);
+            if (write_all((int)fd, buf + 4, (size_t)k) == -EPIPE) piped = 1;
         }
+        if (piped) break;
     }
     int status = 0;
+    if (piped) { /* as the program itself would have ended: killed by SIGPIPE */
+        RS2(SYS_kill, pid, SIGPIPE);
+        RS1(SYS_close, out[0]);
+        RS1(SYS_close, err[0]);
+    }
     while (RS4(SYS_wait4, pid, &status, 0, 0) == -EINTR) {}
+    if (piped) status = SIGPIPE; /* (a wait status: killed by it) */
     int32_t st = status;
     rec(t, CH_IO, OP_WHOLE_EXIT, &st, 4);
     if (WIFEXITED(status)) g_exit_status = WEXITSTATUS(status);
@@ -114,6 +132,7 @@ static void whole_record(tls_t *t, const char *path, char *const argv[], char *c
 }
 
 static void whole_serve(tls_t *t) {
+    whole_ignore_sigpipe();
     for (;;) {
         served_t s;
         if (tape_peek(t, CH_IO, OP_WHOLE_OUT, NULL, 0) == 1 &&

@@ -34,7 +34,8 @@ int main(int argc, char **argv) {
     clock_gettime(CLOCK_REALTIME, &ts);
     unsigned r = 0;
     getrandom(&r, sizeof r, 0);
-    for (int i = 0; i < 3; i++) {
+    int lines = argc > 3 ? atoi(argv[3]) : 3;
+    for (int i = 0; i < lines; i++) {
         printf("%s line %d: %ld.%09ld %u\n", argc > 1 ? argv[1] : "-", i, (long)ts.tv_sec,
                ts.tv_nsec, r);
         fflush(stdout);
@@ -99,3 +100,18 @@ def test_a_static_program_is_recorded_whole_at_the_top_level(tmp_path: Path,
     assert rec.stderr.startswith("err 0 "), rec.stderr
     report = _replay(steno, tmp_path)
     assert report["exit_status"] == {"recorded": 5, "replayed": 5}, report
+
+
+def test_a_static_program_whose_reader_goes_away_replays(tmp_path: Path, static: Path) -> None:
+    """``STATIC | head -1``: head leaves after one line, and the program dies of SIGPIPE
+    at a write that depends on timing. Recorded whole, it ends where the recording says
+    (the stand-in ignores SIGPIPE, then dies of it at the recorded point), replay after
+    replay."""
+    steno = tmp_path / "h.steno"
+    cmd = ["sh", "-c", "./static x 0 200000 | head -1; echo done"]
+    rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", *cmd], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert rec.returncode == 0 and rec.stdout.startswith("x line 0: "), rec.stderr
+    assert rec.stdout.endswith("done\n"), rec.stdout
+    for _ in range(3):
+        _replay(steno, tmp_path)
