@@ -68,6 +68,8 @@ class SeqpacketServer:
             with self._lock:
                 self._open += 1
             t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            if len(self._threads) >= 64:  # a long run has thousands of processes: keep
+                self._threads = [x for x in self._threads if x.is_alive()]  # the live ones
             self._threads.append(t)
             t.start()
 
