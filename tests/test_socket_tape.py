@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pay_tools import PAY
 
 from stenograph.testing.effect_service import EffectService
 from stenograph.testing.tapes import tape_connects
@@ -42,30 +43,6 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 REPLAYS = int(os.environ.get("STENO_SOCKET_REPLAYS", "1"))
 """Replays of each recording with its peer gone (``make soak``: 10)."""
 
-PAY = {
-    "curl": """
-import json, subprocess, sys
-body = json.dumps({"amount": 7, "to": "acct-A"})
-out = subprocess.run(["curl", "-s", "-X", "POST", "-H", "Content-Type: application/json",
-                      "-d", body, sys.argv[1] + "/payments"], capture_output=True, text=True)
-print("receipt", out.stdout or out.returncode)
-""",
-    "urllib": """
-import json, sys, urllib.request
-req = urllib.request.Request(sys.argv[1] + "/payments", method="POST",
-                             data=json.dumps({"amount": 7, "to": "acct-A"}).encode(),
-                             headers={"Content-Type": "application/json"})
-print("receipt", urllib.request.urlopen(req, timeout=10).read().decode())
-""",
-    "node": """
-import subprocess, sys
-js = ("fetch(process.argv[1] + '/payments', {method: 'POST', headers: {'Content-Type': "
-      "'application/json'}, body: JSON.stringify({amount: 7, to: 'acct-A'})})"
-      ".then(r => r.text()).then(t => console.log(t), e => console.log('failed', e))")
-out = subprocess.run(["node", "-e", js, sys.argv[1]], capture_output=True, text=True)
-print("receipt", out.stdout)
-""",
-}
 
 PSQL = """
 import subprocess, sys
