@@ -134,11 +134,18 @@ class LoopTape:
     def paused(self) -> bool:
         return self.tape.shim.active()
 
-    def plumbing(self, callback: Any) -> bool:
-        """Is a callback being scheduled now plumbing (see the module docstring)?"""
+    def plumbing(self, callback: Any, args: tuple[Any, ...] = ()) -> bool:
+        """Is a callback being scheduled now plumbing (see the module docstring)?
+
+        A done-callback of a plumbing task is plumbing too, even when the program adds it
+        to a task that is already done (asyncio then schedules it at once, from the
+        program's code): whether the task was done by then is the real network's timing
+        (aiohttp 3.10 releases a connection through its request writer's completion)."""
         if self.adopt:  # the first scheduling since a resume went live
             self.adopt = False
             self.prog_tasks.update(asyncio.all_tasks(self.loop))
+        if args and isinstance(args[0], asyncio.Future) and args[0] in self.plumb_tasks:
+            return True
         owner = getattr(callback, "__self__", None)
         if isinstance(owner, asyncio.Future):  # a task's step or wake-up: the task's side
             if owner in self.plumb_tasks:
@@ -321,7 +328,7 @@ def install(selector_events: types.ModuleType) -> None:
             h = asyncio.Handle(callback, args, self, context)
             h.cancel()
             return h
-        if lt.record and lt.plumbing(callback):
+        if lt.record and lt.plumbing(callback, args):
             h = asyncio.Handle(callback, args, self, context)
             lt.side_ready.append(h)
             return h
