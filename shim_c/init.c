@@ -21,6 +21,24 @@ static void note_exit_status(int status, void *arg) {
     g_exit_status = status;
 }
 
+/* The handler above is registered again as main starts: the constructor's registration
+ * comes before libc's of the loader's finalizer, so it runs after this library's
+ * destructor (final_flush), too late for a program that returns from main or calls exit. */
+static int (*g_main)(int, char **, char **);
+static int main_noting_exit(int argc, char **argv, char **envp) {
+    if (g_mode != MODE_OFF) on_exit(note_exit_status, NULL);
+    return g_main(argc, argv, envp);
+}
+
+EXPORT int __libc_start_main(int (*main)(int, char **, char **), int argc, char **argv,
+                             void (*init)(void), void (*fini)(void), void (*rtld_fini)(void),
+                             void *stack_end) {
+    RESOLVE(__libc_start_main);
+    g_main = main;
+    return real___libc_start_main(main_noting_exit, argc, argv, init, fini, rtld_fini,
+                                  stack_end);
+}
+
 __attribute__((constructor)) static void shim_init(void) {
     if (g_inited) return;
     resolve_all();

@@ -191,13 +191,17 @@ typedef int (*exec_fn)(const char *, char *const[], char *const[]);
 
 /* exec with the shim's variables in the new image's environment, buffers shipped first. */
 static int exec_taped(exec_fn real, const char *file, char *const argv[], char *const envp[]) {
-    int asked = exec_ask(argv);
+    /* A path search by execve (CPython's subprocess tries each PATH entry) fails without
+     * asking anyone where nothing executable is: one question per command, not per try. */
+    int viable = real != real_execve || RS2(SYS_access, file, X_OK) == 0;
+    int asked = viable ? exec_ask(argv) : 1;
     if (asked == 0) { errno = EACCES; return -1; } /* the policy refused the command */
     if (asked == 2) { g_exit_status = 0; final_flush(); die(0); } /* done, a person said */
-    whole_exec(file, real == real_execvpe, argv, envp, asked == 1 && g_mode == MODE_RECORD);
+    if (viable)
+        whole_exec(file, real == real_execvpe, argv, envp, asked == 1 && g_mode == MODE_RECORD);
     size_t ml = 0;
     char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
-    before_exec(g_mode == MODE_RECORD && g_sockpath[0] && !T.guard);
+    before_exec(!viable || (g_mode == MODE_RECORD && g_sockpath[0] && !T.guard));
     sig_exec_block();
     int r = real(file, argv, env ? env : envp);
     int e = errno;

@@ -135,3 +135,27 @@ def test_a_policy_rule_refuses_a_command_before_it_starts(tmp_path: Path) -> Non
                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
     assert rec.returncode == 1 and "PermissionError" in rec.stderr, rec.stderr
     assert _deploys(log) == 0 and _status(store) == []
+
+
+def test_the_result_of_a_command_is_the_status_it_ends_with_however_it_ends(
+        tmp_path: Path) -> None:
+    """``sh`` ends through ``_exit``; ``git`` and Python return from ``main`` or call
+    ``exit``, whose status the shim learns only from a handler registered as ``main``
+    starts (one registered earlier runs after the shim's own last word)."""
+    from stenograph.recorder.reader import StoreReader
+
+    (tmp_path / "agent.py").write_text(
+        "import subprocess, sys\n"
+        "for argv in (['sh', '-c', 'exit 3'], ['git', 'rev-parse', '--verify', '-q', 'nope'],\n"
+        "             [sys.executable, '-c', 'import sys; sys.exit(7)']):\n"
+        "    print(subprocess.run(argv).returncode)\n")
+    (tmp_path / "policy.toml").write_text(
+        '[commands]\neffect = ["sh -c exit*", "git rev-parse*", "python* -c *"]\n')
+    store = tmp_path / "store"
+    rec = subprocess.run([*CLI, "record", "--store", str(store), "--traj", "t", "--policy",
+                          "policy.toml", "--", PY, "agent.py"], cwd=tmp_path, env=_env(),
+                         capture_output=True, text=True, timeout=180)
+    assert rec.returncode == 0 and rec.stdout.split() == ["3", "128", "7"], rec.stderr
+    results = [ev.body.get("status") for ev in StoreReader(store).events(traj="t")
+               if ev.kind == "ToolResult"]
+    assert results == ["3", "128", "7"], results

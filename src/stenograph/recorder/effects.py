@@ -186,6 +186,9 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
             stopped = False
         elif ev.kind == "Authorized":
             stopped = body.get("decision") == "stop"
+            a = asked.get(str(body.get("call_id"))) if body.get("approval") else None
+            if a is not None:  # a held command or request, made or refused as decided
+                a.used = True
         elif ev.kind == "RunEnded":
             ended = True
             st.exit_status = body.get("status")

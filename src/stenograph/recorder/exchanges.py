@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,13 @@ class ExchangeServer:
         if kind == "ApprovalRequested":
             self.paused_for = str(body.get("call_id"))
             self.paused_call = {"call": body.get("call"), "summary": body.get("summary")}
+
+    def request_approval(self, call_id: str, call: str, summary: str) -> None:
+        """A call held by the policy outside Python (a command, a program's own request):
+        ``ApprovalRequested`` made durable the way a hook's is, the run paused at it."""
+        self._harness_event("ApprovalRequested", {
+            "call_id": call_id, "call": call, "summary": summary,
+            "requested_at": time.time(), "expires_at": None})
 
     def _authorize(self, conn: socket.socket, body: dict[str, Any]) -> None:
         """Decide (policy, budget), append ``Authorized`` first, then answer the decision."""

@@ -261,6 +261,12 @@ class RecordSession:
         """Resume: a person's decision (``done``, ``not-done``) on effects left in doubt."""
         self.known: set[str] = set()
         """Resume: the call ids whose intents the log holds (their execs are replayed)."""
+        self.approvals: dict[str, dict[str, Any]] = {}
+        """Resume: the held calls not yet used, with a person's decision when there is one
+        (``resumes.ResumePlan.approvals``)."""
+        self.on_hold: Callable[[str, str, str], None] | None = None
+        """``(call_id, target, summary)``: the policy holds an effect for a person -- the
+        request made durable and the recorded tree stopped (``LiveSession.hold``)."""
         self._pending: dict[str, str] = {}  # proc -> the exec effect it is running
         self._renamed: dict[str, str] = {}  # a redone effect's call id -> its new one
         self.store = store
@@ -379,9 +385,10 @@ class RecordSession:
         try:
             if mtype == MSG_INTENT:
                 target, _, head = rest.partition("\t")
-                decision = (self.authorize(call_id, target, "net") if self.authorize
-                            else {"decision": "allow"})["decision"]
-                if decision != "allow":  # deny, stop (hold: not for these yet): not sent
+                decision = self._gate(call_id, target, "net")
+                if decision == "hold":  # the tree is stopped: no answer
+                    return
+                if decision != "allow":  # deny, stop: not sent
                     self.store.flush()
                     conn.send(b"\x00")
                     return
@@ -420,12 +427,17 @@ class RecordSession:
                     answer = 2
                 else:
                     self._renamed[call_id] = call_id = f"{call_id}@{self.epoch}"
-            elif replayed or call_id in self.known:  # a prefix replays it: not run
-                conn.send(b"\x01")
+            elif call_id in self.known or (replayed and call_id not in self.approvals
+                                           and not self.commands.is_effect(line)):
+                conn.send(b"\x01")  # a prefix replays it
                 return
-            if answer == 1 and self.authorize is not None and self.authorize(
-                    call_id, f"exec {line}", "exec")["decision"] != "allow":
-                answer = 0
+            # (an effect or a held call the prefix reaches without its intent was never
+            # run: it is now)
+            if answer == 1:
+                decision = self._gate(call_id, f"exec {line}", "exec")
+                if decision == "hold":  # the tree is stopped: no answer
+                    return
+                answer = 1 if decision == "allow" else 0
             if answer == 1 and self.commands.is_effect(line):
                 self.drain_all()
                 self.store.append(self.traj, "ToolIntent",
@@ -439,6 +451,35 @@ class RecordSession:
             with self._lock:
                 self.stats.errors.append(f"{type(exc).__name__}: {exc}")
         conn.send(bytes([answer]))
+
+    def _gate(self, call_id: str, target: str, channel: str) -> str:
+        """The policy's decision on an effect about to leave (``allow``, ``deny``, ``stop``
+        or ``hold``). A held call a person has decided on (a resume) gets the decision, as
+        an ``Authorized`` event marked ``approval``; one not decided yet is held again."""
+        if self.authorize is None:
+            return "allow"
+        answer = self.authorize(call_id, target, channel)
+        decision = str(answer.get("decision"))
+        if decision != "hold":
+            return decision
+        known = self.approvals.get(call_id) or {}
+        if known.get("decision") in ("approved", "denied"):
+            allow = known["decision"] == "approved"
+            by = f" by {known['by']}" if known.get("by") else ""
+            self.store.append(self.traj, "Authorized",
+                              {"call_id": call_id, "target": target, "approval": True,
+                               "decision": "allow" if allow else "deny",
+                               "reason": f"{known['decision']}{by}"}, durable=False)
+            return "allow" if allow else "deny"
+        if self.on_hold is None:
+            return "deny"  # nobody to ask and nothing to wait in
+        self.on_hold(call_id, target, str(answer.get("summary") or target))
+        return "hold"
+
+    def cut(self) -> None:
+        """Every ring drained and the log synced at a point a resume may cut at: the tree
+        is about to be stopped (a hold)."""
+        self._sync_cut("0", 0)
 
     def _exited(self, proc: str, status: str) -> None:
         """A process ended through exit: the result of the exec effect it ran, if any."""

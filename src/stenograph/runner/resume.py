@@ -191,9 +191,12 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
             (tape / "py" / resume_plan.FILE).write_text(json.dumps(
                 {"in_doubt": {d["call_id"]: d for d in rp.in_doubt},
                  "approvals": rp.approvals, "drift": drift, "keys": keys}))
+            # requests the prefix reaches that may go out live: effects a person settled
+            # as not done, and held ones (made, refused or held again as decided)
             TapeFiles(tape).net_redo.write_text("".join(
-                f"{e.call_id}\n" for e in rp.state.effects
-                if "/net/" in e.call_id and e.decision == "not-done"))
+                [f"{e.call_id}\n" for e in rp.state.effects
+                 if "/net/" in e.call_id and e.decision == "not-done"]
+                + [f"{cid}\n" for cid in rp.approvals if "/net/" in cid]))
             sw = _seal_workspace(s, store, traj, rp, tape, all_events, out)
             checkpoints = sw.checkpoints if sw is not None else None
             held = hold(_seal(started, tape, sock_dir, store, sw), os.environ)
@@ -206,6 +209,7 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
                                   if e.kind == "ToolIntent"}
             session.tape.settled = {e.call_id: e.decision for e in rp.state.effects
                                     if e.decision is not None}
+            session.tape.approvals = rp.approvals
             try:
                 _outcome(session, epoch, tape, started, held, out)
             finally:

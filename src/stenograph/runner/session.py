@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -29,7 +30,7 @@ from stenograph.recorder.errors import Paused, StenographError, Stopped
 from stenograph.recorder.exchanges import ExchangeServer
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import RecordSession, SessionStats
-from stenograph.runner.launch import RunResult, run_under_shim
+from stenograph.runner.launch import RunResult, kill_tree, run_under_shim
 from stenograph.runner.lines import paused_line, stopped_line
 from stenograph.runner.settings import Settings
 from stenograph.runner.worker import Worker
@@ -109,6 +110,8 @@ class LiveSession:
         if authorizer is not None:  # a program's own HTTP effects and commands obey it too
             self.tape.authorize = self.exchanges.decide
             self.tape.commands = authorizer.policy.commands
+            self.tape.on_hold = self.hold
+        self.proc: subprocess.Popen[bytes] | None = None
         self.flusher: Flusher | None = Flusher(store)
         self.stats: SessionStats | None = None
         self.result: RunResult | None = None
@@ -127,8 +130,14 @@ class LiveSession:
             **launch: Any) -> RunResult:
         """The program under the shim with ``settings``; the session stops taking records
         when it exits. A worker that lost its lease meanwhile ends fenced (exit 8)."""
-        if self.worker is not None:
-            launch.setdefault("started", self.worker.started)
+        then = launch.get("started") or (self.worker.started if self.worker else None)
+
+        def started(proc: subprocess.Popen[bytes]) -> None:
+            self.proc = proc
+            if then is not None:
+                then(proc)
+
+        launch["started"] = started
         try:
             self.result = run_under_shim(argv, settings.environ(env), **launch)
         finally:
@@ -136,6 +145,17 @@ class LiveSession:
         if self.worker is not None and (lost := self.worker.fenced()) is not None:
             raise lost
         return self.result
+
+    def hold(self, call_id: str, target: str, summary: str) -> None:
+        """The policy holds a command or a program's own request for a person: the
+        request is made durable after a cut (every ring drained, the log synced), then the
+        whole tree is stopped where it stands -- the held call not made. The run ends
+        paused (exit 5); ``approve`` and ``resume`` replay it up to the cut and go on
+        live from there, where the call is made (or refused) as decided."""
+        self.tape.cut()
+        self.exchanges.request_approval(call_id, target, summary)
+        if self.proc is not None:
+            kill_tree(self.proc.pid)
 
     def close(self) -> None:
         """Stop taking the program's records (again: nothing)."""
