@@ -36,13 +36,17 @@ test: $(STAMP) $(USTAMP)
 	$(BIN)/ruff check src tests bench examples golden_logs
 # chromium: tests/test_view.py opens the `stenograph view` pages in it (headless);
 # redis-server and redis-cli: tests/test_socket_tape.py replays redis-cli (the test starts
-# its own server on a free port; PostgreSQL 15 is on the machine, its cluster likewise)
+# its own server on a free port; PostgreSQL 15 is on the machine, its cluster likewise);
+# age: tests/test_whole_children.py records Debian's age-keygen, a Go program
 	@command -v chromium >/dev/null || \
 	    (apt-get install -y chromium >/dev/null 2>&1 || \
 	     (apt-get update >/dev/null && apt-get install -y chromium >/dev/null))
 	@command -v redis-server >/dev/null || \
 	    (apt-get install -y redis-server >/dev/null 2>&1 || \
 	     (apt-get update >/dev/null && apt-get install -y redis-server >/dev/null))
+	@command -v age-keygen >/dev/null || \
+	    (apt-get install -y age >/dev/null 2>&1 || \
+	     (apt-get update >/dev/null && apt-get install -y age >/dev/null))
 # two workers, a test file each (its module fixtures recorded once): the suite waits on
 # disks and children more than on either core. Then, alone, the files that kill recorded
 # trees at random moments: beside another worker's load, about one replay of a killed

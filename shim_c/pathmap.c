@@ -279,8 +279,30 @@ static int pm_handles(int nr) {
                      nr == SYS_connect || nr == SYS_bind);
 }
 
+/* Is this PT_NOTE segment of `fd` Go's build id note ("Go", type 4)? Every Go
+ * program carries it, whatever its linking: its runtime makes its own system calls. */
+static int pm_go_note(long fd, const ElfW(Phdr) *ph) {
+    unsigned char b[256];
+    size_t n = ph->p_filesz < sizeof b ? ph->p_filesz : sizeof b;
+    if (rsys(SYS_pread64, fd, (long)b, (long)n, (long)ph->p_offset, 0, PM_COOKIE) != (long)n)
+        return 0;
+    for (size_t o = 0; o + 12 <= n;) {
+        uint32_t namesz, descsz, type;
+        memcpy(&namesz, b + o, 4);
+        memcpy(&descsz, b + o + 4, 4);
+        memcpy(&type, b + o + 8, 4);
+        if ((namesz == 3 || namesz == 4) && type == 4 && o + 15 <= n &&
+            !memcmp(b + o + 12, "Go", 3))
+            return 1;
+        o += 12 + ((namesz + 3) & ~3u) + ((descsz + 3) & ~3u);
+    }
+    return 0;
+}
+
 /* Why `path` cannot run under the mapping (NULL: it can): without PT_INTERP it is static;
- * another interpreter than the system's loader sits elsewhere than the one let through. */
+ * another interpreter than the system's loader sits elsewhere than the one let through;
+ * a Go program bypasses libc (and the filter would trap its calls, for which its runtime
+ * has no handler). */
 static const char *pm_unfit(const char *path) {
     long fd = rsys(SYS_openat, AT_FDCWD, (long)path, O_RDONLY | O_CLOEXEC, 0, 0, PM_COOKIE);
     if (is_err(fd)) return NULL; /* the exec itself will say */
@@ -289,19 +311,21 @@ static const char *pm_unfit(const char *path) {
     if (rsys(SYS_pread64, fd, (long)&eh, sizeof eh, 0, 0, PM_COOKIE) == (long)sizeof eh &&
         !memcmp(eh.e_ident, ELFMAG, SELFMAG) && eh.e_phentsize == sizeof(ElfW(Phdr))) {
         why = "a static program (no dynamic loader to carry the path mapping)";
+        int go = 0;
         for (int i = 0; i < eh.e_phnum && i < 64; i++) {
             ElfW(Phdr) ph;
             if (rsys(SYS_pread64, fd, (long)&ph, sizeof ph, (long)(eh.e_phoff + i * sizeof ph),
                      0, PM_COOKIE) != (long)sizeof ph)
                 break;
+            if (ph.p_type == PT_NOTE && !go) go = pm_go_note(fd, &ph);
             if (ph.p_type != PT_INTERP) continue;
             char interp[128] = {0};
             size_t n = ph.p_filesz < sizeof interp - 1 ? ph.p_filesz : sizeof interp - 1;
             rsys(SYS_pread64, fd, (long)interp, (long)n, (long)ph.p_offset, 0, PM_COOKIE);
             why = strstr(interp, "ld-linux-x86-64.so") ? NULL
                   : "a program with another dynamic loader than the system's";
-            break;
         }
+        if (go && !why) why = "a Go program (its runtime makes its own system calls)";
     }
     rsys(SYS_close, fd, 0, 0, 0, 0, PM_COOKIE);
     return why;

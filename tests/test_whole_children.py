@@ -115,3 +115,47 @@ def test_a_static_program_whose_reader_goes_away_replays(tmp_path: Path, static:
     assert rec.stdout.endswith("done\n"), rec.stdout
     for _ in range(3):
         _replay(steno, tmp_path)
+
+
+AGE_AGENT = """
+import subprocess
+for argv in (["age-keygen"], ["age-keygen", "-y", "missing.key"]):
+    r = subprocess.run(argv, capture_output=True, text=True)
+    print(argv[-1], r.returncode, r.stdout.splitlines()[-1][:16] if r.stdout else "-",
+          "|", r.stderr.strip().splitlines()[0][:40] if r.stderr else "-")
+"""
+
+
+@pytest.mark.skipif(not shutil.which("age-keygen"), reason="age is not installed")
+def test_a_go_program_with_the_system_loader_is_recorded_whole(tmp_path: Path) -> None:
+    """Debian's ``age-keygen``: a Go program that names the system's loader (so the shim
+    is loaded into it, and the inherited filter would trap its runtime's own system calls:
+    it died of SIGSYS). Recorded whole, as a child and as the command; a fresh key each
+    time natively, the recorded one at every replay; as an effect, its exit status is the
+    call's result."""
+    from stenograph.recorder.reader import StoreReader
+
+    (tmp_path / "p.py").write_text(AGE_AGENT)
+    (tmp_path / "policy.toml").write_text('[commands]\neffect = ["age-keygen*"]\n')
+    store = tmp_path / "store"
+    rec = subprocess.run([*CLI, "record", "--store", str(store), "--traj", "t", "--policy",
+                          "policy.toml", "-o", str(tmp_path / "a.steno"), "--", PY, "p.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert rec.returncode == 0, rec.stderr
+    lines = rec.stdout.splitlines()
+    assert lines[0].startswith("age-keygen 0 AGE-SECRET-KEY-1"), rec.stdout
+    assert lines[1].startswith("missing.key 1 - | age-keygen: error: failed to open"), \
+        rec.stdout
+    results = [ev.body.get("status") for ev in StoreReader(store).events(traj="t")
+               if ev.kind == "ToolResult"]
+    assert results == ["0", "1"], results
+    for _ in range(2):
+        rep = subprocess.run([*CLI, "replay", str(tmp_path / "a.steno")], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120)
+        assert rep.returncode == 0 and rep.stdout == rec.stdout, rep.stderr
+    top = tmp_path / "k.steno"
+    rec = subprocess.run([*CLI, "record", "-o", str(top), "--", "age-keygen"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert rec.returncode == 0 and rec.stdout.count("AGE-SECRET-KEY-1") == 1, rec.stderr
+    report = _replay(top, tmp_path)
+    assert report["exit_status"] == {"recorded": 0, "replayed": 0}, report

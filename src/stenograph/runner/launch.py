@@ -121,10 +121,10 @@ def resolve_program(argv: Sequence[str], env: Mapping[str, str]) -> str:
 
 
 def check_dynamic(path: str) -> bool:
-    """Whether ``path`` must be recorded whole: a static ELF (no ``PT_INTERP``: Go's own
-    binaries, musl tools) never loads the shim, so it runs under a shell the shim is in,
-    whose exec of it the shim records whole (``shim_c/whole.c``). A Go program linked
-    dynamically (cgo) loads the shim but bypasses it: refused."""
+    """Whether ``path`` must be recorded whole: a static ELF (no ``PT_INTERP``: musl
+    tools) never loads the shim, and a Go program (static, position-independent with the
+    system's loader, or cgo) bypasses it, so it runs under a shell the shim is in, whose
+    exec of it the shim records whole (``shim_c/whole.c``)."""
     try:
         with open(path, "rb") as f:
             head = f.read(64)
@@ -141,14 +141,7 @@ def check_dynamic(path: str) -> bool:
         raise BadInput(f"cannot read program: {exc.strerror}", path) from None
     dynamic = any(int.from_bytes(table[i * phentsize:i * phentsize + 4], "little") == 3
                   for i in range(phnum))  # PT_INTERP
-    if not dynamic:
-        return True
-    if _is_go(path):
-        raise BadInput(
-            "Go program linked with cgo: its runtime reads clocks through the vDSO and makes "
-            "raw system calls past the LD_PRELOAD shim, which is loaded into it all the same, "
-            "so it cannot be recorded faithfully (a static Go build is recorded whole)", path)
-    return False
+    return not dynamic or _is_go(path)
 
 
 WHOLE_CARRIER = ["/bin/sh", "-c", 'exec "$0" "$@"']
