@@ -122,6 +122,7 @@ __attribute__((constructor)) static void shim_init(void) {
 static void final_flush(void) {
     if (g_mode != MODE_RECORD || g_final || reentered()) return; /* see before_exec */
     T.guard++;
+    net_conns_end();
     rec(me(), CH_IDENTITY, OP_EXIT, &g_final, 0); /* ended through exit (see await_kill) */
     char body[24];
     char *p = body;

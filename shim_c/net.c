@@ -27,6 +27,8 @@ typedef struct {
     int fresh;      /* resume: connected live for its first request (net_live) */
     int refused;    /* resume: its sends are refused (net_may_send said no) */
     char call[64];  /* the effect whose answer is awaited ("": none) */
+    char ccall[64]; /* the connection itself an effect, open ("": not one) */
+    int stream;     /* SOCK_STREAM: its bytes are a conversation */
     char name[72];  /* "tcp 127.0.0.1:8080" */
     struct sockaddr_storage sa; /* the peer, to connect again (resume, net_live) */
     socklen_t salen;
@@ -114,7 +116,8 @@ static void nfd_mark(int fd, const netaddr_t *a, const struct sockaddr *sa, sock
     c->sends = c->reqs = 0;
     c->phase = 0;
     c->served = c->fresh = c->refused = 0;
-    c->call[0] = 0;
+    c->call[0] = c->ccall[0] = 0;
+    c->stream = sock_type(fd) == SOCK_STREAM;
     c->salen = len < sizeof c->sa ? len : sizeof c->sa;
     memcpy(&c->sa, sa, c->salen);
     net_name(c->name, sizeof c->name, a, sock_type(fd));

@@ -70,6 +70,47 @@ static int http_request(const netconn_t *c, const char *b, size_t k, char *targe
     return 1;
 }
 
+/* A stream connection whose first bytes are not an HTTP/1 request (PostgreSQL's startup
+ * message, a TLS hello, Redis, SMTP): what it does cannot be read, so the connection
+ * itself is the effect, unless the policy names its destination read-only. Its intent
+ * (MSG_INTENT "<proc>/net/<conn>.0 \t connect tcp HOST:PORT \t first bytes") before
+ * the first byte leaves; its result when it is closed (net_conn_closed). Answers: 1 an
+ * effect, 2 not one, 0 refused by the policy. */
+static int net_conn_intent(netconn_t *c, const char *head, size_t k) {
+    char id[64], msg[512];
+    char *p = s_put(id, id + sizeof id - 1, g_proc);
+    p = s_put(p, id + sizeof id - 1, "/net/");
+    p = u_put(p, id + sizeof id - 1, c->conn);
+    p = s_put(p, id + sizeof id - 1, ".0");
+    *p = 0;
+    p = s_put(msg, msg + sizeof msg - 1, id);
+    p = s_put(p, msg + sizeof msg - 1, "\tconnect ");
+    p = s_put(p, msg + sizeof msg - 1, c->name);
+    p = s_put(p, msg + sizeof msg - 1, "\t");
+    for (size_t i = 0; i < k && i < 120 && p < msg + sizeof msg - 1; i++)
+        *p++ = head[i] >= 32 && head[i] < 127 ? head[i] : '.';
+    int a = barrier_with(MSG_INTENT, msg, (size_t)(p - msg));
+    if (a == 1) memcpy(c->ccall, id, sizeof id);
+    return a != 0;
+}
+
+static void net_conn_closed(int fd, const char *how) {
+    netconn_t *c = &g_nconn[fd];
+    if (!c->ccall[0] || g_mode != MODE_RECORD || !g_sockpath[0]) return;
+    char msg[128];
+    char *p = s_put(msg, msg + sizeof msg - 1, c->ccall);
+    p = s_put(p, msg + sizeof msg - 1, "\t");
+    p = s_put(p, msg + sizeof msg - 1, how);
+    c->ccall[0] = 0;
+    barrier_with(MSG_RESULT, msg, (size_t)(p - msg));
+}
+
+/* The process ends: each connection that is an effect and still open ends with it. */
+static void net_conns_end(void) {
+    for (int fd = 0; fd < NET_FDS; fd++)
+        if (nfd_is(fd) && g_nconn[fd].ccall[0]) net_conn_closed(fd, "closed at exit");
+}
+
 /* 1 if the send may go out; 0 if the run's policy refused the effect it begins. */
 static int net_request(tls_t *t, int fd, const struct msghdr *mh, size_t n) {
     netconn_t *c = &g_nconn[fd];
@@ -78,7 +119,9 @@ static int net_request(tls_t *t, int fd, const struct msghdr *mh, size_t n) {
     char head[2048], target[700], msg[1000];
     size_t k = iov_head(mh->msg_iov, mh->msg_iovlen, n, head, sizeof head);
     int h = http_request(c, head, k, target, sizeof target);
-    if (!h) return 1; /* not HTTP/1 (or a request's body): nothing known to tell */
+    if (!h && c->stream && !c->sends && !c->reqs && !c->ccall[0])
+        return net_conn_intent(c, head, k);
+    if (!h) return 1; /* a request's body, or the rest of a conversation */
     c->phase = 1;
     c->reqs++;
     if (h < 0) return 1;
@@ -134,13 +177,15 @@ static int net_may_send(int fd, const struct msghdr *mh, size_t n) {
     char head[2048], target[700];
     size_t k = iov_head(mh->msg_iov, mh->msg_iovlen, n, head, sizeof head);
     int h = http_request(c, head, k, target, sizeof target);
-    if (h <= 0) return h < 0; /* read-only: yes; not HTTP (what would it do?): no */
+    if (h < 0) return 1; /* read-only: yes */
+    if (!h && (!c->stream || c->sends || c->reqs)) return 0; /* the rest of a conversation */
+    /* an effect (a request, or a connection that is one) a person settled as not done */
     char id[80], list[16384], path[TAPE_PATH];
     char *p = s_put(id, id + sizeof id - 2, g_proc);
     p = s_put(p, id + sizeof id - 2, "/net/");
     p = u_put(p, id + sizeof id - 2, c->conn);
     p = s_put(p, id + sizeof id - 2, ".");
-    p = u_put(p, id + sizeof id - 2, c->reqs + 1);
+    p = u_put(p, id + sizeof id - 2, h ? c->reqs + 1 : 0);
     *p++ = '\n';
     *p = 0;
     tape_path(path, 0, "net-redo");

@@ -420,6 +420,7 @@ static void nfd_dup(int from, int to) {
     nfd_clear(to);
     if (!nfd_is(from)) return;
     g_nconn[to] = g_nconn[from];
+    g_nconn[to].ccall[0] = 0; /* (its result: when the first of them is closed) */
     __atomic_fetch_or(&g_nfd[to >> 6], 1ULL << (to & 63), __ATOMIC_RELAXED);
 }
 

@@ -14,7 +14,6 @@ servers on 127.0.0.1 and the clients are the installed programs.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.server
 import json
@@ -23,23 +22,21 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pay_tools import PAY
+from pg_cluster import postgres, rows
 
 from stenograph.testing.effect_service import EffectService
 from stenograph.testing.tapes import tape_connects
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = os.path.realpath(sys.executable)
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 REPLAYS = int(os.environ.get("STENO_SOCKET_REPLAYS", "1"))
 """Replays of each recording with its peer gone (``make soak``: 10)."""
 
@@ -123,58 +120,19 @@ def test_a_different_send_is_a_divergence_naming_the_connection(tmp_path: Path) 
     assert "a send of" in asked and "POST /payments" in asked, rep.stderr
 
 
-@contextlib.contextmanager
-def _postgres() -> Iterator[tuple[str, int, Path]]:
-    """A private PostgreSQL 15 cluster on a free port (as the ``postgres`` user when run
-    as root: the server refuses root), with a ``payments`` table; removed after."""
-    if not (PG_BIN / "initdb").exists():
-        pytest.skip("PostgreSQL 15 is not installed")
-    base = Path(tempfile.mkdtemp(prefix="steno-pg-"))
-    run_as: list[str] = []
-    if os.geteuid() == 0:
-        shutil.chown(base, "postgres")
-        run_as = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data = base / "data"
-    try:
-        subprocess.run([*run_as, str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust",
-                        "-U", "postgres"], check=True, capture_output=True, timeout=120)
-        subprocess.run([*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-l",
-                        str(base / "log"), "-o",
-                        f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off",
-                        "start"], check=True, capture_output=True, timeout=120)
-        subprocess.run(["psql", "-X", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
-                        "-c", "CREATE TABLE payments(id serial, amount int, dest text)"],
-                       check=True, capture_output=True, timeout=60)
-        yield "127.0.0.1", port, base
-    finally:
-        subprocess.run([*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate",
-                        "stop"], capture_output=True, timeout=60)
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _rows(port: int) -> int:
-    out = subprocess.run(["psql", "-X", "-At", "-h", "127.0.0.1", "-p", str(port), "-U",
-                          "postgres", "-c", "SELECT count(*) FROM payments"],
-                         capture_output=True, text=True, check=True, timeout=60)
-    return int(out.stdout)
-
-
 @pytest.mark.skipif(not shutil.which("psql"), reason="psql is not installed")
 def test_psql_against_a_real_postgres_replays_with_the_server_running_and_stopped(
         tmp_path: Path) -> None:
     (tmp_path / "pay.py").write_text(PSQL)
     tcp, unix = tmp_path / "tcp.steno", tmp_path / "unix.steno"
-    with _postgres() as (host, port, sockdir):
+    with postgres() as (host, port, sockdir):
         rec = _record(tcp, [PY, "pay.py", host, str(port)], tmp_path)
         assert "acct-A" in rec.stdout and "INSERT 0 1" in rec.stdout, rec.stdout
         _record(unix, [PY, "pay.py", str(sockdir), str(port)], tmp_path)  # libpq's unix socket
-        assert _rows(port) == 2
+        assert rows(port) == 2
         _identical(*_replay(tcp, tmp_path))
         _identical(*_replay(unix, tmp_path))
-        assert _rows(port) == 2, "the replay inserted a row"
+        assert rows(port) == 2, "the replay inserted a row"
     _all_identical(tcp, tmp_path)  # the cluster is gone
     _all_identical(unix, tmp_path)
 

@@ -39,10 +39,16 @@ def status(store: Path, traj: str | None, as_json: bool) -> None:
                    f"effects {len(st.effects)} ({doubt} in doubt)")
         for e in st.effects:
             click.echo(f"    {e.call_id:<16} {e.state:<9} {e.target}"
-                       + (f"  key {e.idempotency_key}" if e.idempotency_key else ""))
+                       + (f"  key {e.idempotency_key}" if e.idempotency_key else "")
+                       + (f"  by {brief_command(e.by)}" if e.by else ""))
         for a in st.approvals:
             click.echo(f"    {a.call_id:<16} approval {a.state}{' (used)' if a.used else ''}"
                        f"  {a.call}" + (f"  by {a.by}" if a.by else ""))
+
+
+def brief_command(line: str, width: int = 100) -> str:
+    """A command line as one short line: ``psql -X -h ... -c INSERT INTO pay...``."""
+    return line if len(line) <= width else line[:width - 3] + "..."
 
 
 @click.command("settle")

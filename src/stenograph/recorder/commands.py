@@ -42,6 +42,13 @@ DEFAULT_EFFECTS: tuple[str, ...] = (
 )
 """Commands that are effects unless a policy says otherwise."""
 
+DEFAULT_READ_ONLY_CONNECTIONS: tuple[str, ...] = (
+    "tcp *:53", "tcp * port 53", "unix /run/nscd/*", "unix /var/run/nscd/*",
+)
+"""Connections that are not effects though what they say cannot be read: name lookups.
+Every other connection whose first bytes are not an HTTP/1 request (a database's wire
+protocol, TLS) is an effect by its destination, ``tcp HOST:PORT`` or ``unix PATH``."""
+
 
 def command_line(argv: Sequence[str]) -> str:
     """How a command is matched and shown: ``git push origin main``."""
@@ -56,8 +63,14 @@ class Commands:
 
     effect: tuple[str, ...] = DEFAULT_EFFECTS
     read_only: tuple[str, ...] = ()
+    read_only_connections: tuple[str, ...] = DEFAULT_READ_ONLY_CONNECTIONS
 
     def is_effect(self, line: str) -> bool:
         if any(fnmatch.fnmatchcase(line, g) for g in self.read_only):
             return False
         return any(fnmatch.fnmatchcase(line, g) for g in self.effect)
+
+    def is_effect_connection(self, name: str) -> bool:
+        """Is a connection to ``name`` (``tcp 127.0.0.1:5432``) that does not speak
+        HTTP/1 an effect?"""
+        return not any(fnmatch.fnmatchcase(name, g) for g in self.read_only_connections)

@@ -47,11 +47,14 @@ class Effect:
     intent_lsn: int = 0
     result_lsn: int | None = None
     decision: str | None = None
+    by: str | None = None
+    """The command whose process made it (a program's own connection or request)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"call_id": self.call_id, "target": self.target, "state": self.state,
                 "idempotency_key": self.idempotency_key, "epoch": self.epoch,
-                **({"decision": self.decision} if self.decision else {})}
+                **({"decision": self.decision} if self.decision else {}),
+                **({"by": self.by} if self.by else {})}
 
 
 @dataclass
@@ -143,7 +146,8 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
         if ev.kind == "ToolIntent":
             cid = str(body.get("call_id"))
             eff = Effect(cid, str(body.get("target", "?")), body.get("idempotency_key"),
-                         int(body.get("epoch", 0)), intent_lsn=ev.lsn)
+                         int(body.get("epoch", 0)), intent_lsn=ev.lsn,
+                         by=str(body["by"]) if body.get("by") else None)
             if cid not in by_id:
                 by_id[cid] = eff
                 st.effects.append(eff)

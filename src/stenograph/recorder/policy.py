@@ -11,8 +11,10 @@ A policy file (TOML or JSON) is a list of rules, first match wins::
 
 A target is what the log calls it elsewhere: ``METHOD URL`` for HTTP (model calls
 too, and a program's own HTTP/1 requests), ``tool NAME`` for a declared tool, ``exec
-COMMAND LINE`` for every command a process runs. A ``[commands]`` table lists more
-commands that are effects (``recorder/commands.py``). The policy's version is the sha256 of the
+COMMAND LINE`` for every command a process runs, ``connect tcp HOST:PORT`` for a
+connection that does not speak HTTP/1. A ``[commands]`` table lists more commands that
+are effects, a ``[connections]`` table's ``read_only`` the destinations that are not
+(``recorder/commands.py``). The policy's version is the sha256 of the
 file's bytes. Budgets: ``tokens`` (input + output, summed over the run's model
 replies) and ``usd`` (the same tokens priced per model: ``--prices FILE``, a JSON map
 ``{model: [usd per 1M input tokens, usd per 1M output tokens]}``, over the built-in
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stenograph.recorder.commands import DEFAULT_EFFECTS, Commands
+from stenograph.recorder.commands import DEFAULT_EFFECTS, DEFAULT_READ_ONLY_CONNECTIONS, Commands
 from stenograph.recorder.errors import BadInput
 
 ACTIONS = ("allow", "deny", "hold")
@@ -95,14 +97,17 @@ class Policy:
             except re.error as exc:
                 raise BadInput(f"--policy: rule {i + 1}: bad regex: {exc}", str(p)) from None
             rules.append(Rule(pat, r["action"], r.get("summary")))
-        cmds = doc.get("commands") or {}
         lists: dict[str, tuple[str, ...]] = {}
-        for key in ("effect", "read_only"):
-            globs = cmds.get(key, []) if isinstance(cmds, dict) else None
+        for table, key in (("commands", "effect"), ("commands", "read_only"),
+                           ("connections", "read_only")):
+            t = doc.get(table) or {}
+            globs = t.get(key, []) if isinstance(t, dict) else None
             if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
-                raise BadInput(f"--policy: [commands] {key} must be a list of globs", str(p))
-            lists[key] = tuple(globs)
-        commands = Commands(DEFAULT_EFFECTS + lists["effect"], lists["read_only"])
+                raise BadInput(f"--policy: [{table}] {key} must be a list of globs", str(p))
+            lists[f"{table}.{key}"] = tuple(globs)
+        commands = Commands(DEFAULT_EFFECTS + lists["commands.effect"],
+                            lists["commands.read_only"],
+                            DEFAULT_READ_ONLY_CONNECTIONS + lists["connections.read_only"])
         return cls(tuple(rules), default, hashlib.sha256(data).hexdigest(), commands)
 
     def decide(self, target: str) -> tuple[str, str | None]:

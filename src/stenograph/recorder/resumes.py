@@ -72,6 +72,22 @@ def cut_seq(events: Sequence[Event]) -> int:
     return events[0].seq if events else 0
 
 
+def redo_points(events: Sequence[Event]) -> list[int]:
+    """The intents of commands and requests a person settled since the last resume that
+    never had a result: a resume cuts no later than each, so the process that made it
+    comes back to it with nothing of it replayed -- not done, it is made again from its
+    start (a command run anew, a request on a fresh connection); done, it is skipped.
+    Cut later, the process would come back to it half way (a ``psql`` connected, its
+    conversation begun), where nothing can be sent again."""
+    last = max((e.seq for e in events if e.kind == "LeaseAcquired"
+                and isinstance(e.body.get("resumed_at"), int)), default=-1)
+    fresh = {str(e.body.get("call_id")) for e in events if e.kind == "Settled" and e.seq > last}
+    results = {str(e.body.get("call_id")) for e in events if e.kind == "ToolResult"}
+    return [e.seq for e in events if e.kind == "ToolIntent"
+            and e.body.get("channel") in ("exec", "net")
+            and str(e.body.get("call_id")) in fresh - results]
+
+
 @dataclass
 class ResumePlan:
     """What ``stenograph resume`` works from: the viewed events up to the cut (plus the
@@ -95,7 +111,7 @@ def plan(traj: str, events: Sequence[Event]) -> ResumePlan:
     """The resume of ``traj`` from its events (in log order)."""
     seen = view(events)
     state = fold(traj, seen)
-    cut = cut_seq(seen)
+    cut = min([cut_seq(seen), *redo_points(seen)])
     started = next((e.body for e in seen if e.kind == "RunStarted"), {})
     kept = [e for e in seen if e.seq <= cut or e.kind not in DROPPED_AFTER_CUT]
     intents = {str(e.body.get("call_id")): e.body for e in seen if e.kind == "ToolIntent"}
@@ -111,7 +127,8 @@ def plan(traj: str, events: Sequence[Event]) -> ResumePlan:
                                "proc": intent.get("proc"), "channel": intent.get("channel"),
                                "pos": intent.get("pos"),
                                **({"arguments": intent["arguments"]}
-                                  if "arguments" in intent else {})})
+                                  if "arguments" in intent else {}),
+                               **({"by": intent["by"]} if "by" in intent else {})})
         elif (eff.decision == "done" and eff.result_lsn is None
               and intent.get("channel") not in ("net", "exec")):  # (no Python tape to serve)
             p.settled_done.append({"settled": settled.get(eff.call_id, {}), "intent": intent})

@@ -269,6 +269,7 @@ class RecordSession:
         request made durable and the recorded tree stopped (``LiveSession.hold``)."""
         self._pending: dict[str, str] = {}  # proc -> the exec effect it is running
         self._renamed: dict[str, str] = {}  # a redone effect's call id -> its new one
+        self._commands: dict[str, str] = {}  # proc -> the command line it last exec'd
         self.store = store
         self.traj = traj
         self.stats = SessionStats()
@@ -385,6 +386,10 @@ class RecordSession:
         try:
             if mtype == MSG_INTENT:
                 target, _, head = rest.partition("\t")
+                if target.startswith("connect ") and not self.commands.is_effect_connection(
+                        target[8:]):
+                    conn.send(b"\x02")  # a destination the policy says is read-only
+                    return
                 decision = self._gate(call_id, target, "net")
                 if decision == "hold":  # the tree is stopped: no answer
                     return
@@ -393,10 +398,13 @@ class RecordSession:
                     conn.send(b"\x00")
                     return
                 self.drain_all()
+                with self._lock:
+                    by = self._commands.get(proc)
                 self.store.append(self.traj, "ToolIntent",
                                   {"call_id": call_id, "target": target, "channel": "net",
                                    "proc": proc, "epoch": self.epoch,
-                                   **({"arguments": head} if head else {})}, durable=False)
+                                   **({"arguments": head} if head else {}),
+                                   **({"by": by} if by else {})}, durable=False)
             else:
                 self._drain(peer.arena)
                 self.store.append(self.traj, "ToolResult",
@@ -419,6 +427,8 @@ class RecordSession:
         replayed, call_id = parts[0][:1] == b"R", parts[0][1:].decode("utf-8", "replace")
         cwd = parts[1].decode("utf-8", "replace") if len(parts) > 1 else ""
         line = command_line([p.decode("utf-8", "replace") for p in parts[2:] if p])
+        with self._lock:
+            self._commands[proc] = line
         answer = 1
         try:
             self._drain(peer.arena)

@@ -116,7 +116,8 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
                     "attention": {"call_id": d["call_id"], "target": d["target"], "why": why,
                                   "line": resume_plan.person_line(
                                       d["call_id"], resume_plan.described(
-                                          d["target"], d.get("arguments")), why)}}
+                                          d["target"], d.get("by") or d.get("arguments")),
+                                      why)}}
         blobs = BlobStore(store / "blobs")
         if req.authorizer is not None:  # what the prefix spent counts
             for ev in rp.events:
