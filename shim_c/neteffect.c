@@ -135,10 +135,23 @@ static int net_request(tls_t *t, int fd, const struct msghdr *mh, size_t n) {
     p = s_put(p, msg + sizeof msg - 1, "\t");
     p = s_put(p, msg + sizeof msg - 1, target);
     p = s_put(p, msg + sizeof msg - 1, "\t");
+    size_t hend = k;
     for (size_t i = 3; i < k; i++) /* what of the body this send holds: for a person */
         if (!memcmp(head + i - 3, "\r\n\r\n", 4)) {
+            hend = i;
             for (size_t j = i + 1; j < k && j < i + 1 + 160 && p < msg + sizeof msg - 1; j++)
                 *p++ = head[j] == '\t' || head[j] == '\n' || head[j] == '\r' ? ' ' : head[j];
+            break;
+        }
+    /* its Idempotency-Key, if it carries one: a resume may send it again (the service
+     * answers a key it has seen with its first answer) */
+    for (size_t i = 0; i + 17 < hend; i++)
+        if (head[i] == '\n' && ci_starts(head + i + 1, head + hend, "idempotency-key:")) {
+            const char *v = head + i + 17, *e = head + hend;
+            while (v < e && *v == ' ') v++;
+            p = s_put(p, msg + sizeof msg - 1, "\t");
+            for (; v < e && *v != '\r' && *v != '\n' && p < msg + sizeof msg - 1; v++)
+                *p++ = *v == '\t' ? ' ' : *v;
             break;
         }
     if (barrier_with(MSG_INTENT, msg, (size_t)(p - msg))) return 1; /* durable: send it */

@@ -159,3 +159,21 @@ def test_the_result_of_a_command_is_the_status_it_ends_with_however_it_ends(
     results = [ev.body.get("status") for ev in StoreReader(store).events(traj="t")
                if ev.kind == "ToolResult"]
     assert results == ["3", "128", "7"], results
+
+
+def test_a_probe_settles_a_command_in_doubt_without_a_person(tmp_path: Path) -> None:
+    """The policy's ``[[probe]]`` for ``deploy.sh`` asks the deploy log (exit 0: it
+    happened, 1: it did not): killed before the deploy wrote its line, the resume runs it
+    again; killed after, it does not; nobody is asked either time."""
+    for when, runs in (("after", 1), ("before", 1)):
+        case = tmp_path / when
+        case.mkdir()
+        log = case / "deploys.log"
+        store, _ = _setup(case, POLICY + '\n[[probe]]\nmatch = "^exec deploy\\\\.sh "\n'
+                                         f'command = "test -f {log} && grep -q deployed {log}"\n')
+        _record_killed_while_deploying(case, store, log, when)
+        assert _status(store)[0][1] == "in-doubt"
+        res = _resume(case, store)
+        assert res.returncode == 0 and "deploy: 0" in res.stdout, res.stderr
+        assert _deploys(log) == runs, (when, log.read_text())
+        assert _status(store)[0][1] == "settled"

@@ -226,3 +226,36 @@ def test_crash_anywhere_then_resume_until_done_every_payment_exactly_once(
                 assert res.returncode in (0, 4), (kill, res.stderr)
             assert sorted(p["to"] for p in svc.payments) == ["acct-A", "acct-B"], (
                 kill, svc.payments)
+
+
+AGENT_KEYED = AGENT.replace(
+    '''    return curl("-X", "POST", "-H", "Content-Type: application/json", "-d", body,
+                url + "/payments")''',
+    '''    return curl("-X", "POST", "-H", "Content-Type: application/json",
+                "-H", f"Idempotency-Key: pay-{to}-1", "-d", body, url + "/payments")''')
+
+
+@pytest.mark.parametrize("boundary", ["dispatch", "applied"])
+def test_a_request_with_an_idempotency_key_is_sent_again_by_the_resume_itself(
+        tmp_path: Path, boundary: str) -> None:
+    """Killed as the first payment arrives (not made) or once it is made (its answer
+    lost): the request carried an ``Idempotency-Key``, so the resume sends it again
+    without asking anyone, and the service's key store makes it exactly once."""
+    assert AGENT_KEYED != AGENT
+    (tmp_path / "agent.py").write_text(AGENT_KEYED)
+    store = tmp_path / "store"
+    current = [Run(kill=(boundary, 1))]
+    with service(current) as svc:
+        go(current[0], [*CLI, "record", "--store", str(store), "--traj", "t", "--", PY,
+                        "agent.py", svc.url], tmp_path, _env())
+        assert current[0].killed.is_set()
+        (call, state, target), = _status(store)
+        assert state == "in-doubt" and "key pay-acct-A-1" in target, target
+        current[0] = Run(kill=None, resume=True)
+        res = go(current[0], [*CLI, "resume", str(store), "t"], tmp_path, _env())
+        assert res.returncode == 0, res.stderr
+        assert [p["to"] for p in svc.payments] == ["acct-A", "acct-B"], svc.payments
+        assert res.stdout.count('"to": "acct-A"') == 1, res.stdout
+    rows = _status(store)
+    assert [s for _, s, _ in rows] == ["settled"] * 3, rows
+    assert rows[1][0].startswith(f"{call}@") and "key pay-acct-A-1" in rows[1][2], rows

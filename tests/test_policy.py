@@ -85,6 +85,15 @@ def test_a_bad_policy_is_one_line_and_nothing_is_made(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "bad regex" in out.stderr
     assert not (tmp_path / "s").exists()
+    for text, says in (('[[probe]]\nmatch = "^exec git push"\n', "needs a match pattern"),
+                       ('[connections]\nread_only = "tcp *:5432"\n', "list of globs")):
+        (tmp_path / "bad.toml").write_text(text)
+        out = _cli("record", "--store", str(tmp_path / "s"), "--policy",
+                   str(tmp_path / "bad.toml"), "--", sys.executable, "-c", "print(1)",
+                   cwd=tmp_path)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+        assert says in out.stderr, out.stderr
+        assert not (tmp_path / "s").exists()
 
 
 def test_a_spent_token_budget_stops_the_run_and_a_larger_one_finishes_it(

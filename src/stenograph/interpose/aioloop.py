@@ -137,16 +137,19 @@ class LoopTape:
     def plumbing(self, callback: Any, args: tuple[Any, ...] = ()) -> bool:
         """Is a callback being scheduled now plumbing (see the module docstring)?
 
-        A done-callback of a plumbing task is plumbing too, even when the program adds it
-        to a task that is already done (asyncio then schedules it at once, from the
-        program's code): whether the task was done by then is the real network's timing
-        (aiohttp 3.10 releases a connection through its request writer's completion)."""
+        A plain done-callback of a plumbing task (a function, not a task's wake-up) is
+        plumbing too, even when the program adds it to a task that is already done
+        (asyncio then schedules it at once, from the program's code): whether the task was
+        done by then is the real network's timing (aiohttp 3.10 releases a connection
+        through its request writer's completion). A program task waking up on one stays
+        the program's."""
         if self.adopt:  # the first scheduling since a resume went live
             self.adopt = False
             self.prog_tasks.update(asyncio.all_tasks(self.loop))
-        if args and isinstance(args[0], asyncio.Future) and args[0] in self.plumb_tasks:
-            return True
         owner = getattr(callback, "__self__", None)
+        if (owner is None and args and isinstance(args[0], asyncio.Future)
+                and args[0] in self.plumb_tasks):
+            return True
         if isinstance(owner, asyncio.Future):  # a task's step or wake-up: the task's side
             if owner in self.plumb_tasks:
                 return True

@@ -8,6 +8,9 @@ A policy file (TOML or JSON) is a list of rules, first match wins::
     match = "^POST .*/payments"  # a regex searched in the call's target
     action = "hold"              # allow | deny | hold (for a person: stenograph.approval)
     summary = "a payment"        # what the person is shown (hold)
+    [[probe]]                    # how a resume settles an effect in doubt by itself
+    match = "^exec git push"
+    command = "git fetch -q origin && git merge-base --is-ancestor HEAD origin/main"
 
 A target is what the log calls it elsewhere: ``METHOD URL`` for HTTP (model calls
 too, and a program's own HTTP/1 requests), ``tool NAME`` for a declared tool, ``exec
@@ -60,12 +63,26 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """A command that says whether an effect in doubt happened: exit 0 it did, 1 it did
+    not, anything else it cannot tell (a person is asked)."""
+
+    pattern: re.Pattern[str]
+    command: str
+
+
+@dataclass(frozen=True)
 class Policy:
     rules: tuple[Rule, ...] = ()
     default: str = "allow"
     version: str | None = None
     commands: Commands = field(default_factory=Commands)
     """Which commands are effects: the defaults plus the file's ``[commands]``."""
+    probes: tuple[Probe, ...] = ()
+    """How a resume finds out whether an effect in doubt happened (``[[probe]]``)."""
+
+    def probe_for(self, target: str) -> Probe | None:
+        return next((pr for pr in self.probes if pr.pattern.search(target)), None)
 
     @classmethod
     def load(cls, path: str | Path) -> Policy:
@@ -108,7 +125,18 @@ class Policy:
         commands = Commands(DEFAULT_EFFECTS + lists["commands.effect"],
                             lists["commands.read_only"],
                             DEFAULT_READ_ONLY_CONNECTIONS + lists["connections.read_only"])
-        return cls(tuple(rules), default, hashlib.sha256(data).hexdigest(), commands)
+        probes = []
+        for i, r in enumerate(doc.get("probe") or []):
+            if not (isinstance(r, dict) and isinstance(r.get("match"), str)
+                    and isinstance(r.get("command"), str) and r["command"].strip()):
+                raise BadInput(f"--policy: probe {i + 1} needs a match pattern and a command",
+                               str(p))
+            try:
+                probes.append(Probe(re.compile(r["match"]), r["command"]))
+            except re.error as exc:
+                raise BadInput(f"--policy: probe {i + 1}: bad regex: {exc}", str(p)) from None
+        return cls(tuple(rules), default, hashlib.sha256(data).hexdigest(), commands,
+                   tuple(probes))
 
     def decide(self, target: str) -> tuple[str, str | None]:
         """(action, summary) for a call to ``target``."""

@@ -400,10 +400,12 @@ class RecordSession:
                 self.drain_all()
                 with self._lock:
                     by = self._commands.get(proc)
+                head, _, key = head.partition("\t")  # (an Idempotency-Key it carries)
                 self.store.append(self.traj, "ToolIntent",
                                   {"call_id": call_id, "target": target, "channel": "net",
                                    "proc": proc, "epoch": self.epoch,
                                    **({"arguments": head} if head else {}),
+                                   **({"idempotency_key": key} if key else {}),
                                    **({"by": by} if by else {})}, durable=False)
             else:
                 self._drain(peer.arena)

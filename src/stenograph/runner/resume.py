@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -71,6 +72,25 @@ class ResumeRequest:
     lease_ttl: float = 30.0
 
 
+PROBE_TIMEOUT = 120.0
+
+
+def run_probe(probe: Any, doubt: dict[str, Any], cwd: str) -> str | None:
+    """Run a policy's probe for an effect in doubt (``sh -c``, in the run's working
+    directory, told which call by ``STENO_PROBE_*``): ``done`` on exit 0, ``not-done`` on
+    exit 1, None when it cannot tell (anything else, or it did not finish)."""
+    env = {**os.environ, "STENO_PROBE_CALL_ID": str(doubt["call_id"]),
+           "STENO_PROBE_TARGET": str(doubt["target"]),
+           "STENO_PROBE_BY": str(doubt.get("by") or ""),
+           "STENO_PROBE_ARGUMENTS": str(doubt.get("arguments") or "")}
+    try:
+        p = subprocess.run(["/bin/sh", "-c", probe.command], cwd=cwd, env=env,
+                           capture_output=True, timeout=PROBE_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {0: "done", 1: "not-done"}.get(p.returncode)
+
+
 def resume(req: ResumeRequest) -> dict[str, Any]:
     """Resume ``req.traj``; the outcome (``resumed``, ``status``, ``paused``,
     ``divergences``, ``attention``, ``set_aside``...) for the CLI to report."""
@@ -103,8 +123,27 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
             http = not d["target"].startswith("tool ")
             d["settle"] = "person" if http and (req.settle_http == "escalate" or any(
                 p.search(url) for p in req.escalate)) else "reissue"
-            if d.get("channel") in ("net", "exec"):  # a program's own request, a command
+            if d.get("channel") == "exec" or (d.get("channel") == "net" and not d.get(
+                    "idempotency_key")):  # a command, a request no key makes safe to send
                 d["settle"] = "person"
+        found = [(d["call_id"], "reissue", "its idempotency key") for d in rp.in_doubt
+                 if d.get("channel") == "net" and d["settle"] == "reissue"]
+        policy = getattr(req.authorizer, "policy", None)
+        for d in rp.in_doubt:
+            probe = policy.probe_for(d["target"]) if policy is not None and d.get(
+                "channel") in ("net", "exec") and d["settle"] == "person" else None
+            if probe is None:
+                continue
+            said = run_probe(probe, d, str(started.get("cwd") or "."))
+            if said is not None:  # it found out: done, or not done (made again)
+                found.append((d["call_id"], said, f"probe: {probe.command}"))
+        if found:  # settled without a person: a key makes it safe to send again, or a probe
+            with Store(store, shared=True) as s:
+                for call, as_, by in found:
+                    s.append(traj, "Settled", {"call_id": call, "as": as_, "result": None,
+                                               "by": by})
+            events = list(StoreReader(store).events(traj=traj))
+            rp = plan(traj, events)
         net = [d for d in rp.in_doubt if d.get("channel") in ("net", "exec")]
         if net:  # nothing in the program can ask for it again: a person, before it runs
             d = net[0]
@@ -196,7 +235,7 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
             # as not done, and held ones (made, refused or held again as decided)
             TapeFiles(tape).net_redo.write_text("".join(
                 [f"{e.call_id}\n" for e in rp.state.effects
-                 if "/net/" in e.call_id and e.decision == "not-done"]
+                 if "/net/" in e.call_id and e.decision in ("not-done", "reissue")]
                 + [f"{cid}\n" for cid in rp.approvals if "/net/" in cid]))
             sw = _seal_workspace(s, store, traj, rp, tape, all_events, out)
             checkpoints = sw.checkpoints if sw is not None else None
