@@ -43,7 +43,7 @@ __attribute__((constructor)) static void shim_init(void) {
     if (g_inited) return;
     resolve_all();
     const char *mode = NULL, *sock = NULL, *tape = NULL, *proc = NULL, *shim = NULL,
-               *next = NULL, *lenient = NULL;
+               *next = NULL, *lenient = NULL, *pfd = NULL;
     for (char **e = environ; e && *e; e++) {
         const char *v = *e;
         if (!starts(v, "STENO_")) continue;
@@ -59,6 +59,7 @@ __attribute__((constructor)) static void shim_init(void) {
         else if (starts(v, "STENO_NONET=")) g_nonet = v[12] == '1';
         else if (starts(v, "STENO_FILT=")) copy_env(g_filt, sizeof g_filt, v + 11);
         else if (starts(v, "STENO_DRIFT=")) g_drift = v[12] != '0';
+        else if (starts(v, "STENO_PFD=")) pfd = v + 10;
         else {
             if (starts(v, "STENO_RESUME=1")) g_resume = 1; /* kept for children and Python */
             if (starts(v, "STENO_PATHMAP=")) pm_load(v + 14); /* kept for children */
@@ -106,6 +107,7 @@ __attribute__((constructor)) static void shim_init(void) {
     g_resume = g_resume && m == MODE_REPLAY;
     g_build = g_build && m == MODE_REPLAY; /* with g_resume: a fork of another build */
     if (g_build) g_lenient = g_clock_shift = 1;
+    if (m != MODE_OFF && pfd) pfd_inherit(pfd);
     if (m != MODE_OFF) install_filters();
     if (m == MODE_REPLAY && !g_resume && !g_build) {
         sig_defer_deaths();

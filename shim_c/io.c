@@ -19,6 +19,54 @@ static inline void pfd_set(int fd, int on) {
     else __atomic_fetch_and(&g_pfd[fd >> 6], ~(1ULL << (fd & 63)), __ATOMIC_RELAXED);
 }
 
+/* The tree's own pipes across exec: a new image does not have the marks its process
+ * had, and a program reading a pipe its parent made (an MCP server's stdin, read by an
+ * anyio worker thread) would block in a read the scheduler does not see. So an exec's
+ * environment carries STENO_PFD=<highest fd>:<inode>,<inode>... of the marked pipes and
+ * socketpairs, and the new image marks the fds up to that one that are those (spawn's
+ * file actions may have moved them to 0, 1 and 2). */
+static int pfd_env(char *out, size_t cap) {
+    char *p = out, *end = out + cap - 24;
+    int top = 2, n = 0;
+    char inos[480], *q = inos, *qend = inos + sizeof inos - 24;
+    for (int fd = 0; fd < 1024 && q < qend; fd++) {
+        if (!pfd_is(fd)) continue;
+        struct stat st;
+        if (is_err(RS2(SYS_fstat, fd, &st))) continue;
+        if (fd > top) top = fd;
+        if (n++) *q++ = ',';
+        q = u_put(q, qend, (uint64_t)st.st_ino);
+    }
+    if (!n) return 0;
+    *q = 0;
+    p = u_put(p, end, (uint64_t)top);
+    *p++ = ':';
+    p = s_put(p, out + cap - 1, inos);
+    *p = 0;
+    return 1;
+}
+
+static void pfd_inherit(const char *v) {
+    uint64_t top = 0, inos[64];
+    int n = 0;
+    while (*v >= '0' && *v <= '9') top = top * 10 + (uint64_t)(*v++ - '0');
+    if (*v++ != ':') return;
+    while (*v && n < 64) {
+        uint64_t x = 0;
+        while (*v >= '0' && *v <= '9') x = x * 10 + (uint64_t)(*v++ - '0');
+        inos[n++] = x;
+        if (*v == ',') v++;
+        else break;
+    }
+    for (int fd = 0; fd <= (int)top && fd < 1024; fd++) {
+        struct stat st;
+        if (is_err(RS2(SYS_fstat, fd, &st)) || !(S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
+            continue;
+        for (int i = 0; i < n; i++)
+            if (inos[i] == (uint64_t)st.st_ino) { pfd_set(fd, 1); break; }
+    }
+}
+
 EXPORT int pipe2(int fds[2], int flags) {
     long r = RS2(SYS_pipe2, fds, flags);
     if (is_err(r)) { errno = (int)-r; return -1; }
@@ -44,6 +92,34 @@ static void dup_marks(int from, int to) {
     pfd_set(to, pfd_is(from));
     rfd_set(to, rfd_is(from));
     nfd_dup(from, to);
+}
+EXPORT int dup(int from) {
+    long r = RS1(SYS_dup, from);
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    if (g_mode) dup_marks(from, (int)r);
+    return (int)r;
+}
+/* fcntl's F_DUPFD and F_DUPFD_CLOEXEC (CPython's os.dup) are dups too: the marks follow.
+ * Every other command goes to the kernel as it is (64-bit: one struct flock). */
+static int fcntl_marked(int fd, int cmd, void *arg) {
+    long r = RS3(SYS_fcntl, fd, cmd, arg);
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    if (g_mode && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) dup_marks(fd, (int)r);
+    return (int)r;
+}
+EXPORT int fcntl(int fd, int cmd, ...) {
+    va_list ap;
+    va_start(ap, cmd);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    return fcntl_marked(fd, cmd, arg);
+}
+EXPORT int fcntl64(int fd, int cmd, ...) {
+    va_list ap;
+    va_start(ap, cmd);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    return fcntl_marked(fd, cmd, arg);
 }
 EXPORT int dup2(int from, int to) {
     long r = RS2(SYS_dup2, from, to);

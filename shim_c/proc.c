@@ -112,11 +112,11 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
     size_t nextra = 0;
     for (size_t at = 0; at < g_extra_len; at += s_len(g_extra + at) + 1) nextra++;
     count += nextra;
-    size_t len = (count + 12) * sizeof(char *) + strbytes;
+    size_t len = (count + 13) * sizeof(char *) + strbytes;
     char **out = shim_map(len, -1);
     if (!out) return NULL;
     *maplen = len;
-    char *sp = (char *)(out + count + 12), *end = (char *)out + len - 1;
+    char *sp = (char *)(out + count + 13), *end = (char *)out + len - 1;
     size_t k = 0;
     for (char *const *e = envp; e && *e; e++)
         if (!starts(*e, "STENO_") && !starts(*e, "LD_PRELOAD=")) out[k++] = *e;
@@ -146,7 +146,9 @@ static char **build_env(char *const *envp, const char *proc, uint32_t tbase, uin
     if (g_nonet) ADD("STENO_NONET=1");
     if (g_filt[0]) ADD("STENO_FILT=", g_filt);
     if (!g_drift) ADD("STENO_DRIFT=0");
-    for (size_t at = 0; at < g_extra_len && k < count + 11; at += s_len(g_extra + at) + 1)
+    char pfds[512];
+    if (pfd_env(pfds, sizeof pfds)) ADD("STENO_PFD=", pfds);
+    for (size_t at = 0; at < g_extra_len && k < count + 12; at += s_len(g_extra + at) + 1)
         out[k++] = g_extra + at;
 #undef ADD
     out[k] = NULL;

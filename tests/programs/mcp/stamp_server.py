@@ -1,0 +1,26 @@
+"""A one-tool MCP server on the official Python SDK, written the way its docs write one:
+``stamp`` returns a time, a uuid4, a random number and a directory listing (all of it
+different on every run natively). mcp 2.x names the class ``MCPServer``; 1.x ``FastMCP``."""
+
+import os
+import random
+import time
+import uuid
+
+try:
+    from mcp.server.mcpserver import MCPServer as Server
+except ImportError:  # mcp 1.x
+    from mcp.server.fastmcp import FastMCP as Server
+
+mcp = Server("stamp")
+
+
+@mcp.tool()
+def stamp(path: str = ".") -> str:
+    """A time, a uuid4, a random number, a directory listing."""
+    names = sorted(n for n in os.listdir(path) if not n.startswith("."))[:3]
+    return f"{time.time():.6f} {uuid.uuid4()} {random.random():.6f} {names}"
+
+
+if __name__ == "__main__":
+    mcp.run()

@@ -1,0 +1,77 @@
+"""Agents with MCP tool servers over stdio (issue "Agents with MCP tool servers", part 1):
+the official Python SDK's client starts a one-tool server as a child and calls it; the
+server's tool reads a clock, a uuid4, random numbers and a listing. Recorded, then
+replayed, bit for bit, on mcp 2.x (``MCPServer``, the virtualenv's) and mcp 1.x
+(``FastMCP``, installed once with ``pip install --target`` under ``.venv/``; skipped when
+pip cannot get it).
+
+The server reads its stdin from an anyio worker thread, through a duplicate of fd 0
+(``os.dup``: ``fcntl(F_DUPFD_CLOEXEC)``): a blocking read the scheduler saw only once the
+pipe's mark followed the fd through ``dup``/``fcntl`` and across ``exec`` (before, every
+replay stopped at "threads ran unscheduled").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "stenograph"]
+PY = sys.executable  # the venv: the client and server import mcp
+CLIENT = Path(__file__).resolve().parent / "programs" / "mcp" / "stamp_client.py"
+RECORDINGS, REPLAYS = (int(n) for n in os.environ.get("STENO_MCP_RUNS", "2x2").split("x"))
+"""Recordings per SDK and replays per recording (``make soak``: 3x3)."""
+MCP1 = Path(sys.prefix) / "mcp-1"
+
+
+def _mcp1() -> Path:
+    if (MCP1 / "mcp").is_dir():
+        return MCP1
+    tmp = MCP1.with_name(MCP1.name + f".tmp{os.getpid()}")
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                        "--disable-pip-version-check", "--target", str(tmp), "mcp<2"],
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        pytest.skip(f"cannot install mcp 1.x: {p.stderr.strip()[-300:]}")
+    try:
+        tmp.rename(MCP1)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # another run got there first
+    return MCP1
+
+
+def _env(sdk: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
+    if sdk == "mcp1":
+        env["PYTHONPATH"] = str(_mcp1())
+    return env
+
+
+@pytest.mark.parametrize("sdk", ["mcp2", "mcp1"])
+def test_an_mcp_server_over_stdio_replays_bit_for_bit(tmp_path: Path, sdk: str) -> None:
+    env = _env(sdk)
+    version = subprocess.run([PY, "-c", "import importlib.metadata as m; print(m.version('mcp'))"],
+                             env=env, capture_output=True, text=True, timeout=60).stdout
+    assert version.startswith("2." if sdk == "mcp2" else "1."), version
+    (tmp_path / "a").write_text("listed by the tool\n")
+    for r in range(RECORDINGS):
+        steno = tmp_path / f"{sdk}-{r}.steno"
+        rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", PY, str(CLIENT), "3"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=180)
+        assert rec.returncode == 0, rec.stderr[-2000:]
+        assert "stall limit" not in rec.stderr, rec.stderr
+        lines = rec.stdout.splitlines()
+        assert lines[0] == "tools ['stamp']" and len(lines) == 4, rec.stdout
+        assert len({ln.split()[2] for ln in lines[1:]}) == 3, rec.stdout  # fresh uuids
+        for _ in range(REPLAYS):
+            rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=180)
+            assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr[-3000:]
+            assert rep.stdout == rec.stdout
