@@ -23,7 +23,7 @@ import pytest
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = sys.executable  # the venv: the client and server import mcp
-CLIENT = Path(__file__).resolve().parent / "programs" / "mcp" / "stamp_client.py"
+CLIENT = Path(__file__).resolve().parent.parent / "examples" / "mcp" / "stamp_client.py"
 RECORDINGS, REPLAYS = (int(n) for n in os.environ.get("STENO_MCP_RUNS", "2x2").split("x"))
 """Recordings per SDK and replays per recording (``make soak``: 3x3)."""
 MCP1 = Path(sys.prefix) / "mcp-1"
@@ -75,3 +75,27 @@ def test_an_mcp_server_over_stdio_replays_bit_for_bit(tmp_path: Path, sdk: str) 
                                  capture_output=True, text=True, timeout=180)
             assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr[-3000:]
             assert rep.stdout == rec.stdout
+
+
+def test_an_agents_sdk_agent_with_an_mcp_server_replays_bit_for_bit(tmp_path: Path) -> None:
+    """``examples/mcp/agents_sdk_agent.py``: the OpenAI Agents SDK's ``MCPServerStdio``
+    starts the server, lists its tools for the model and calls ``stamp`` when the
+    (loopback) model asks."""
+    from stenograph.testing.model_server import ModelServer
+
+    agent = CLIENT.with_name("agents_sdk_agent.py")
+    with ModelServer(script=CLIENT.with_name("script.json")) as srv:
+        env = {k: v for k, v in _env("mcp2").items() if not k.startswith("OPENAI_")}
+        env.update(OPENAI_BASE_URL=srv.openai_base_url, OPENAI_API_KEY="sk-test-mcp")
+        for r in range(RECORDINGS):
+            steno = tmp_path / f"agent-{r}.steno"
+            rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", PY, str(agent)],
+                                 cwd=tmp_path, env=env, capture_output=True, text=True,
+                                 timeout=180)
+            assert rec.returncode == 0, rec.stderr[-2000:]
+            assert "tool output:" in rec.stdout and "final: Stamped." in rec.stdout, rec.stdout
+            for _ in range(REPLAYS):
+                rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
+                                     capture_output=True, text=True, timeout=180)
+                assert rep.returncode == 0 and "bit-identical" in rep.stderr, \
+                    rep.stderr[-3000:]
