@@ -61,6 +61,12 @@ def _effects(store: Path) -> list[dict[str, object]]:
     return list(json.loads(out.splitlines()[0])["effects"])
 
 
+def _started(store: Path) -> bool:
+    from stenograph.recorder.reader import StoreReader
+
+    return (store / "wal").is_dir() and any(True for _ in StoreReader(store).events(traj="t"))
+
+
 def _settled_in_database(port: int) -> None:
     """What a careful person does first: wait until no statement of the killed run is
     still running in the server (a killed client's transaction commits when its
@@ -131,7 +137,7 @@ def test_crash_anywhere_then_resume_until_done_every_payment_exactly_once(
             run = Run(kill=("timer", rnd.uniform(0.3, 0.95) * took))
             go(run, [*CLI, "record", "--store", str(store), "--traj", "t", "--", PY,
                      "agent.py", host, str(port)], tmp_path, _env())
-            if not (store / "wal").is_dir():
+            if not _started(store):  # killed before the trajectory's first event
                 assert _paid(port) == [], run.kill
                 continue
             for _ in range(5):
