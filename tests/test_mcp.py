@@ -24,7 +24,7 @@ import pytest
 CLI = [sys.executable, "-m", "stenograph"]
 PY = sys.executable  # the venv: the client and server import mcp
 CLIENT = Path(__file__).resolve().parent.parent / "examples" / "mcp" / "stamp_client.py"
-RECORDINGS, REPLAYS = (int(n) for n in os.environ.get("STENO_MCP_RUNS", "2x2").split("x"))
+RECORDINGS, REPLAYS = (int(n) for n in os.environ.get("STENO_MCP_RUNS", "1x2").split("x"))
 """Recordings per SDK and replays per recording (``make soak``: 3x3)."""
 MCP1 = Path(sys.prefix) / "mcp-1"
 
