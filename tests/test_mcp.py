@@ -94,7 +94,7 @@ def test_an_agents_sdk_agent_with_an_mcp_server_replays_bit_for_bit(tmp_path: Pa
                                  timeout=180)
             assert rec.returncode == 0, rec.stderr[-2000:]
             assert "tool output:" in rec.stdout and "final: Stamped." in rec.stdout, rec.stdout
-            for _ in range(REPLAYS):
+            for _ in range(max(1, REPLAYS - 1)):
                 rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
                                      capture_output=True, text=True, timeout=180)
                 assert rep.returncode == 0 and "bit-identical" in rep.stderr, \

@@ -23,7 +23,7 @@ from crashes import Run, go, service
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = os.path.realpath(sys.executable)
-TRIALS = int(os.environ.get("STENO_NET_CRASH_TRIALS", "5"))
+TRIALS = int(os.environ.get("STENO_NET_CRASH_TRIALS", "4"))
 """Crash-anywhere trials per tool (``make soak``: 60)."""
 
 pytestmark = pytest.mark.skipif(not shutil.which("curl"), reason="curl is not installed")
