@@ -46,9 +46,9 @@ AGENT = textwrap.dedent("""
     cmds = ["git status --short", "ls -la", "grep -n def *.py", "cat a.py", "wc -l a.py",
             "sed -n 1,3p a.py", "git log --oneline", "git diff --stat", "ls src",
             "grep -rn TODO ."]
-    for i in range(50):
+    for i in range(int(sys.argv[1])):
         subprocess.run(cmds[i % len(cmds)], shell=True, capture_output=True)
-""")
+""").replace("import subprocess", "import subprocess, sys")
 
 
 def _json_line(out: str) -> dict[str, Any]:
@@ -91,18 +91,24 @@ def main() -> None:
                 "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b"}
         for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "1"]):
             subprocess.run(cmd, cwd=repo, env=genv, check=True)
-        walls: dict[str, list[float]] = {"native": [], "record": []}
+        walls: dict[str, list[float]] = {"native": [], "record": [], "native0": [],
+                                         "record0": []}
         for rep in range(args.reps):
             for mode in walls:
-                argv = [PY, "agent.py"]
-                if mode == "record":
-                    argv = [*CLI, "record", "-o", str(work / f"agent{rep}.steno"), "--", *argv]
+                argv = [PY, "agent.py", "0" if mode.endswith("0") else "50"]
+                if mode.startswith("record"):
+                    argv = [*CLI, "record", "-o", str(work / f"agent{rep}{mode}.steno"), "--",
+                            *argv]
                 t0 = time.perf_counter()
                 subprocess.run(argv, cwd=repo, env=genv, capture_output=True, check=True)
                 walls[mode].append(time.perf_counter() - t0)
         w = {m: statistics.median(v) for m, v in walls.items()}
-        results["agent_50_shellouts"] = {"wall_s": {m: round(v, 3) for m, v in w.items()},
-                                         "record_vs_native": round(w["record"] / w["native"], 2)}
+        each = {m: (w[m] - w[m + "0"]) / 50 * 1000 for m in ("native", "record")}
+        results["agent_50_shellouts"] = {
+            "wall_s": {m: round(v, 3) for m, v in w.items()},
+            "record_vs_native": round(w["record"] / w["native"], 2),
+            "ms_per_shellout": {m: round(v, 2) for m, v in each.items()},
+            "shellouts_record_vs_native": round(each["record"] / each["native"], 2)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
@@ -114,7 +120,9 @@ def main() -> None:
           f"{e['ms_per_exec']['record_effect']} ({e['effect_vs_native']}x)")
     a = results["agent_50_shellouts"]
     print(f"50 shell-outs of a coding agent: native {a['wall_s']['native']} s, recorded "
-          f"{a['wall_s']['record']} s ({a['record_vs_native']}x, CLI start-up included)")
+          f"{a['wall_s']['record']} s ({a['record_vs_native']}x, CLI start-up included); "
+          f"each shell-out: native {a['ms_per_shellout']['native']} ms, recorded "
+          f"{a['ms_per_shellout']['record']} ms ({a['shellouts_record_vs_native']}x)")
 
 
 if __name__ == "__main__":
