@@ -168,11 +168,12 @@ static void before_exec(int drained) {
  * recorder what is about to run (MSG_EXEC), which drains this process as the exec
  * barrier does and decides: 1 run it, 0 refused by the policy, 2 not to be run (a
  * command a person settled as done). 1 without a recorder to ask. */
-static int exec_ask(char *const argv[]) {
+static int exec_ask(char *const argv[], int whole) {
     if (!g_sockpath[0] || T.guard || reentered() || !(g_mode == MODE_RECORD || g_resume))
         return 1;
     char body[4096], *end = body + sizeof body - 1;
     char *p = s_put(body, end, g_mode == MODE_RECORD ? "L" : "R"); /* live, or replayed */
+    if (whole) p = s_put(p, end, "W"); /* a program the shim cannot see into */
     p = s_put(p, end, g_proc);
     p = s_put(p, end, "/exec/");
     p = u_put(p, end, g_tnext);
@@ -196,7 +197,9 @@ static int exec_taped(exec_fn real, const char *file, char *const argv[], char *
     /* A path search by execve (CPython's subprocess tries each PATH entry) fails without
      * asking anyone where nothing executable is: one question per command, not per try. */
     int viable = real != real_execve || RS2(SYS_access, file, X_OK) == 0;
-    int asked = viable ? exec_ask(argv) : 1;
+    char wb[PATH_MAX];
+    int whole = viable && g_mode && pm_unfit(whole_path(file, real == real_execvpe, wb, sizeof wb));
+    int asked = viable ? exec_ask(argv, whole) : 1;
     if (asked == 0) { errno = EACCES; return -1; } /* the policy refused the command */
     if (asked == 2) { g_exit_status = 0; final_flush(); die(0); } /* done, a person said */
     if (viable)

@@ -85,6 +85,15 @@ def test_static_children_are_recorded_whole_and_served(tmp_path: Path, static: P
     # what it prints recorded is what it prints natively (another time, another number)
     assert re.sub(r"\d+", "N", rec.stdout) == re.sub(r"\d+", "N", native.stdout), rec.stdout
     assert "\n3 3 b line 0: " in rec.stdout, rec.stdout  # its exit status, 3, came back
+    # nothing says what such a program does: each exec of one is an effect, its status the
+    # result (with no policy at all)
+    from stenograph.recorder.trajfile import read_trajectory
+
+    events = read_trajectory(steno).events
+    intents = [e.body["target"] for e in events if e.kind == "ToolIntent"]
+    assert intents[:2] == ["exec static a", "exec static b 3"], intents
+    results = [e.body["status"] for e in events if e.kind == "ToolResult"]
+    assert results[:2] == ["0", "3"], results
     for _ in range(2):
         _replay(steno, tmp_path)
     static.unlink()  # not run at replay: nothing to run

@@ -65,10 +65,12 @@ class Commands:
     read_only: tuple[str, ...] = ()
     read_only_connections: tuple[str, ...] = DEFAULT_READ_ONLY_CONNECTIONS
 
-    def is_effect(self, line: str) -> bool:
+    def is_effect(self, line: str, *, whole: bool = False) -> bool:
+        """Is the command ``line`` an effect? A program the shim cannot see into (``whole``:
+        static, Go) is one unless ``read_only`` names it: nothing says what it does."""
         if any(fnmatch.fnmatchcase(line, g) for g in self.read_only):
             return False
-        return any(fnmatch.fnmatchcase(line, g) for g in self.effect)
+        return whole or any(fnmatch.fnmatchcase(line, g) for g in self.effect)
 
     def is_effect_connection(self, name: str) -> bool:
         """Is a connection to ``name`` (``tcp 127.0.0.1:5432``) that does not speak

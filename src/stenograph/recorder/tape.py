@@ -419,14 +419,16 @@ class RecordSession:
         conn.send(ack)
 
     def _exec(self, conn: socket.socket, proc: str, peer: _Peer, body: bytes) -> None:
-        """A process is about to exec ``L|R call id \0 cwd \0 argv...`` (R: in a resumed or
-        forked prefix, replayed, not run): drain it (the barrier
+        """A process is about to exec ``L|R [W] call id \0 cwd \0 argv...`` (R: in a resumed
+        or forked prefix, replayed, not run; W: a program the shim cannot see into, recorded
+        whole -- an effect unless ``read_only`` names it): drain it (the barrier
         every exec takes), and decide. The answer: 1 run it, 0 refused (the policy:
         the exec fails with EACCES), 2 do not (resume: a person said it was done; the
         process ends with status 0). A command that is an effect gets its durable
         ``ToolIntent`` first, with every ring drained: a cut."""
         parts = body.split(b"\0")
-        replayed, call_id = parts[0][:1] == b"R", parts[0][1:].decode("utf-8", "replace")
+        replayed, whole = parts[0][:1] == b"R", parts[0][1:2] == b"W"
+        call_id = parts[0][1 + whole:].decode("utf-8", "replace")
         cwd = parts[1].decode("utf-8", "replace") if len(parts) > 1 else ""
         line = command_line([p.decode("utf-8", "replace") for p in parts[2:] if p])
         with self._lock:
@@ -439,8 +441,9 @@ class RecordSession:
                     answer = 2
                 else:
                     self._renamed[call_id] = call_id = f"{call_id}@{self.epoch}"
-            elif call_id in self.known or (replayed and call_id not in self.approvals
-                                           and not self.commands.is_effect(line)):
+            effect = self.commands.is_effect(line, whole=whole)
+            if call_id in self.known or (replayed and call_id not in self.approvals
+                                         and not effect):
                 conn.send(b"\x01")  # a prefix replays it
                 return
             # (an effect or a held call the prefix reaches without its intent was never
@@ -450,7 +453,7 @@ class RecordSession:
                 if decision == "hold":  # the tree is stopped: no answer
                     return
                 answer = 1 if decision == "allow" else 0
-            if answer == 1 and self.commands.is_effect(line):
+            if answer == 1 and effect:
                 self.drain_all()
                 self.store.append(self.traj, "ToolIntent",
                                   {"call_id": call_id, "target": f"exec {line}",
