@@ -126,6 +126,8 @@ static inline int bookkeeping(uintptr_t ra) {
     return 0;
 }
 
+static void clock_spin(tls_t *t); /* sched.c: a turn now and then in a run of clock reads */
+
 static inline int clock_gettime_at(uintptr_t ra, clockid_t id, struct timespec *ts) {
     if (UNLIKELY(!real_clock_gettime)) RESOLVE(clock_gettime);
     if (!CLOCK_ACTIVE()) return real_clock_gettime(id, ts);
@@ -147,6 +149,7 @@ static inline int clock_gettime_at(uintptr_t ra, clockid_t id, struct timespec *
         ts->tv_sec = r.a;
         ts->tv_nsec = r.b;
         if ((unsigned)id < 16) g_served_ns[id] = r.a * 1000000000LL + r.b;
+        clock_spin(t);
         return 0;
     }
     case STEP_LIVE:
@@ -160,6 +163,7 @@ static inline int clock_gettime_at(uintptr_t ra, clockid_t id, struct timespec *
     if (UNLIKELY(g_clock_shift) && !rc) clock_shift(id, ts);
     clockrec_t r = {arg, rc ? -errno : 0, rc ? 0 : ts->tv_sec, rc ? 0 : ts->tv_nsec};
     rec_clock(t, OP_CLOCK_GETTIME, &r);
+    clock_spin(t);
     return rc;
 }
 EXPORT int clock_gettime(clockid_t id, struct timespec *ts) {

@@ -290,6 +290,7 @@ static int32_t take_replay(tls_t *t, int op) {
 /* Take the baton after a blocking call whose outcome was `result` (record), or at the
  * recorded grant (replay, which returns the recorded outcome). */
 static int32_t sched_take(tls_t *t, int op, int32_t result) {
+    t->clock_run = 0;
     if (g_mode == MODE_REPLAY) {
         int32_t r = take_replay(t, op);
         if (r != SCHED_WENT_LIVE) return r;
@@ -663,6 +664,22 @@ static inline void gate_in(int gated, int op, int32_t result) {
 EXPORT int pthread_join(pthread_t th, void **ret) {
     RESOLVE(pthread_join);
     return GATED(OP_SCHED_JOIN, 1, real_pthread_join(th, ret));
+}
+
+/* A thread that waits for another by reading the clock in a loop (Node's main thread as
+ * it ends, waiting for a worker) never blocks, so the baton never goes to the thread it
+ * waits for. Every SPIN_RUN taped clock reads with no turn between, it hands the baton on
+ * and takes a turn (OP_SCHED_SPIN): a point that depends only on the thread's own calls,
+ * so replay comes to it at the same read, and takes the turn when the tape has it there
+ * (a tape made before these turns has none: no turn). */
+#define SPIN_RUN 4096
+
+static void clock_spin(tls_t *t) {
+    if (LIKELY(++t->clock_run < SPIN_RUN)) return;
+    t->clock_run = 0;
+    if (g_mode == MODE_REPLAY && tape_peek(t, CH_SCHED, OP_SCHED_SPIN, NULL, 0) != 1) return;
+    int g = gate_out();
+    gate_in(g, OP_SCHED_SPIN, 0);
 }
 
 EXPORT int sched_yield(void) {

@@ -215,6 +215,7 @@ typedef struct {
     stream_t st[NCH];
     unsigned char *spare[2]; /* listing blocks kept for reuse: no mmap/munmap/faults per listing */
     uint32_t nrec;     /* record: records written on streams other than signal (signals.c) */
+    uint32_t clock_run; /* taped clock reads since this thread last took a turn (sched.c) */
     int nrec_based;    /* resume: nrec now counts the records the prefix served too */
     uint32_t sigk;     /* signal-mask calls since this thread's last record (signals.c) */
     int in_sigpoint;   /* replay: running handlers at a point (signals.c) */

@@ -144,6 +144,7 @@
 #define OP_SCHED_YIELD 8  /* sched_yield */
 #define OP_SCHED_FUTEX 9  /* futex(FUTEX_WAIT*) through syscall(): its result */
 #define OP_SCHED_CHILD 10 /* after a blocking wait for a child process */
+#define OP_SCHED_SPIN 11  /* after a run of SPIN_RUN clock reads with no turn between */
 
 /* meta ops: file metadata (the stat family). The arguments are checked; replay serves the
  * whole recorded result and reports a live one whose existence, type or size differs as drift */

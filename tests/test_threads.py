@@ -77,6 +77,22 @@ def test_c_threads_on_a_mutex_and_condition(tmp_path: Path) -> None:
                                                    for j in range(16))
 
 
+def test_a_thread_spinning_on_the_clock_lets_the_one_it_waits_for_run(tmp_path: Path) -> None:
+    """``clock_spin.c``: the main thread reads the clock until a sleeping worker sets a
+    flag. It never blocks: before the scheduler's turns in a run of clock reads, record
+    stalled (the worker never got the baton) and replay stopped there."""
+    gcc = shutil.which("gcc")
+    assert gcc, "gcc is part of the project's build requirements"
+    exe = tmp_path / "clock_spin"
+    subprocess.run([gcc, "-O1", "-pthread", "-o", str(exe), str(PROGRAMS / "clock_spin.c")],
+                   check=True)
+    warn = subprocess.run([*CLI, "record", "-o", str(tmp_path / "w.steno"), "--", str(exe)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120).stderr
+    assert "stall limit" not in warn, warn
+    outputs = _replays_identically(tmp_path, [str(exe)])
+    assert all(int(o.split()[1]) > 4096 for o in outputs), outputs
+
+
 def test_coreutils_sort_parallel(tmp_path: Path) -> None:
     nums = tmp_path / "nums.txt"
     nums.write_text("".join(f"{(i * 7919) % 100003}\n" for i in range(60000)))

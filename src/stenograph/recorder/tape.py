@@ -63,7 +63,7 @@ OP_NAMES = {
     (7, 1): "thread start", (7, 2): "mutex wait", (7, 3): "condition wait",
     (7, 4): "semaphore wait", (7, 5): "after sleep", (7, 6): "after I/O wait",
     (7, 7): "after pthread_join", (7, 8): "sched_yield", (7, 9): "futex wait",
-    (7, 10): "after waiting for a child",
+    (7, 10): "after waiting for a child", (7, 11): "after a run of clock reads",
     (8, 1): "fstatat", (8, 2): "statx",
     (4, 20): "ioctl(SIOCGIF*)", (9, 1): "signal handler",
     (10, 1): "connect", (10, 2): "send", (10, 3): "recv", (10, 4): "socket call",
