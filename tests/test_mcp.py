@@ -1,9 +1,10 @@
-"""Agents with MCP tool servers over stdio (issue "Agents with MCP tool servers", part 1):
+"""Agents with MCP tool servers over stdio (issue "Agents with MCP tool servers", parts 1, 3):
 the official Python SDK's client starts a one-tool server as a child and calls it; the
 server's tool reads a clock, a uuid4, random numbers and a listing. Recorded, then
 replayed, bit for bit, on mcp 2.x (``MCPServer``, the virtualenv's) and mcp 1.x
 (``FastMCP``, installed once with ``pip install --target`` under ``.venv/``; skipped when
-pip cannot get it).
+pip cannot get it). Each ``tools/call`` is in the trajectory (``interpose/mcp_client.py``),
+and ``show`` lists it under the model's tool call that asked for it.
 
 The server reads its stdin from an anyio worker thread, through a duplicate of fd 0
 (``os.dup``: ``fcntl(F_DUPFD_CLOEXEC)``): a blocking read the scheduler saw only once the
@@ -70,6 +71,13 @@ def test_an_mcp_server_over_stdio_replays_bit_for_bit(tmp_path: Path, sdk: str) 
         lines = rec.stdout.splitlines()
         assert lines[0] == "tools ['stamp']" and len(lines) == 4, rec.stdout
         assert len({ln.split()[2] for ln in lines[1:]}) == 3, rec.stdout  # fresh uuids
+        # each tools/call is in the trajectory: which tool, with what, and its answer
+        from stenograph.recorder.trajfile import read_trajectory
+
+        calls = [e.body for e in read_trajectory(steno).events
+                 if e.kind == "ToolResult" and e.body.get("channel") == "mcp"]
+        assert [c["target"] for c in calls] == ['mcp stamp {"path": "."}'] * 3, calls
+        assert [c["answer"].split()[1] for c in calls] == [ln.split()[2] for ln in lines[1:]]
         for _ in range(REPLAYS):
             rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
                                  capture_output=True, text=True, timeout=180)
@@ -94,8 +102,37 @@ def test_an_agents_sdk_agent_with_an_mcp_server_replays_bit_for_bit(tmp_path: Pa
                                  timeout=180)
             assert rec.returncode == 0, rec.stderr[-2000:]
             assert "tool output:" in rec.stdout and "final: Stamped." in rec.stdout, rec.stdout
+            show = subprocess.run([*CLI, "show", str(steno)], capture_output=True, text=True,
+                                  timeout=60).stdout.splitlines()
+            turn1 = show.index(next(ln for ln in show if ln.strip().startswith("1 ")))
+            assert "stamp(path=.)" in show[turn1], show  # the model's tool call, and
+            assert show[turn1 + 1].split() == ["call:", "mcp", "stamp", '{"path":', '"."}',
+                                               "done"], show  # the MCP call that made it
             for _ in range(max(1, REPLAYS - 1)):
                 rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
                                      capture_output=True, text=True, timeout=180)
                 assert rep.returncode == 0 and "bit-identical" in rep.stderr, \
                     rep.stderr[-3000:]
+
+
+def test_a_tool_call_made_through_mcp_is_not_listed_as_not_sent() -> None:
+    """A run that crashed after the model proposed ``stamp`` and the agent called it over
+    MCP: the call was made (its trace is there), so ``status`` must not list it as a
+    proposal nothing of which left the host."""
+    import json
+
+    from stenograph.recorder.codec import Event
+    from stenograph.recorder.effects import fold
+
+    reply = json.dumps({"choices": [{"message": {"tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "stamp", "arguments": "{}"}}]}}]}).encode()
+    model = Event(1, "t", 1, None, "Exchange", {
+        "proc": "0", "channel": "model", "pos": 0,
+        "request": {"method": "POST", "url": "http://m/v1/chat/completions"},
+        "response": {"status": 200, "body": reply}})
+    mcp = Event(2, "t", 2, 1, "ToolResult", {"channel": "mcp", "call_id": "0/mcp/0",
+                                             "proc": "0", "target": "mcp stamp {}",
+                                             "as": "done"})
+    assert [e.target for e in fold("t", [model]).effects] == ["tool call stamp"]
+    assert fold("t", [model, mcp]).effects == []

@@ -36,6 +36,12 @@ def _patch_aiohttp(mod: ModuleType) -> None:
     http_aiohttp.install(mod)
 
 
+def _patch_mcp(mod: ModuleType) -> None:
+    from stenograph.interpose import mcp_client
+
+    mcp_client.install(mod)
+
+
 def _patch_asyncio(mod: ModuleType) -> None:
     _inline_dns_when_paused(mod.BaseEventLoop)
 
@@ -107,6 +113,7 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "httpx2": _patch_httpx,
     "requests.adapters": _patch_requests,
     "aiohttp.client": _patch_aiohttp,
+    "mcp.client.session": _patch_mcp,
 }
 
 

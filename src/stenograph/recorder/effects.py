@@ -137,6 +137,8 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
     for ev in events:
         st.events += 1
         body = ev.body if isinstance(ev.body, dict) else {}
+        if ev.kind == "ToolResult" and body.get("channel") == "mcp":  # an MCP tools/call
+            handled.add(str(body.get("call_id")))
         if ev.kind in ("ToolIntent", "Exchange") and body.get("channel") in ("http", "tool",
                                                                             "net", "exec"):
             pos = body.get("pos")
