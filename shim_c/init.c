@@ -39,6 +39,16 @@ EXPORT int __libc_start_main(int (*main)(int, char **, char **), int argc, char 
                                   stack_end);
 }
 
+static void tape_proto_load(void) {
+    char path[TAPE_PATH], b[16];
+    tape_path(path, 0, "protocol");
+    long n = tape_file_get(path, b, sizeof b - 1);
+    if (n <= 0) return; /* (a tape prepared by this stenograph: its own protocol) */
+    int v = 0;
+    for (long i = 0; i < n && b[i] >= '0' && b[i] <= '9'; i++) v = v * 10 + (b[i] - '0');
+    if (v > 0) g_tape_proto = v;
+}
+
 __attribute__((constructor)) static void shim_init(void) {
     if (g_inited) return;
     resolve_all();
@@ -107,7 +117,8 @@ __attribute__((constructor)) static void shim_init(void) {
     g_resume = g_resume && m == MODE_REPLAY;
     g_build = g_build && m == MODE_REPLAY; /* with g_resume: a fork of another build */
     if (g_build) g_lenient = g_clock_shift = 1;
-    if (m != MODE_OFF && pfd) pfd_inherit(pfd);
+    if (m == MODE_REPLAY) tape_proto_load();
+    if (m != MODE_OFF && pfd && SINCE(5)) pfd_inherit(pfd);
     if (m != MODE_OFF) install_filters();
     if (m == MODE_REPLAY && !g_resume && !g_build) {
         sig_defer_deaths();

@@ -10,6 +10,11 @@
 
 static uint64_t g_pfd[16];
 
+/* The protocol of the tape being replayed (TAPE/protocol; this shim's own when recording):
+ * what a newer shim tapes that an older recording did not is left as that shim left it. */
+static int g_tape_proto = STENO_PROTOCOL;
+#define SINCE(v) (g_tape_proto >= (v))
+
 static inline int pfd_is(int fd) {
     return (unsigned)fd < 1024 && (__atomic_load_n(&g_pfd[fd >> 6], __ATOMIC_RELAXED) >> (fd & 63) & 1);
 }
@@ -26,6 +31,7 @@ static inline void pfd_set(int fd, int on) {
  * socketpairs, and the new image marks the fds up to that one that are those (spawn's
  * file actions may have moved them to 0, 1 and 2). */
 static int pfd_env(char *out, size_t cap) {
+    if (!SINCE(5)) return 0;
     char *p = out, *end = out + cap - 24;
     int top = 2, n = 0;
     char inos[480], *q = inos, *qend = inos + sizeof inos - 24;
@@ -96,7 +102,7 @@ static void dup_marks(int from, int to) {
 EXPORT int dup(int from) {
     long r = RS1(SYS_dup, from);
     if (is_err(r)) { errno = (int)-r; return -1; }
-    if (g_mode) dup_marks(from, (int)r);
+    if (g_mode && SINCE(5)) dup_marks(from, (int)r);
     return (int)r;
 }
 /* fcntl's F_DUPFD and F_DUPFD_CLOEXEC (CPython's os.dup) are dups too: the marks follow.
@@ -104,7 +110,7 @@ EXPORT int dup(int from) {
 static int fcntl_marked(int fd, int cmd, void *arg) {
     long r = RS3(SYS_fcntl, fd, cmd, arg);
     if (is_err(r)) { errno = (int)-r; return -1; }
-    if (g_mode && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) dup_marks(fd, (int)r);
+    if (g_mode && SINCE(5) && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) dup_marks(fd, (int)r);
     return (int)r;
 }
 EXPORT int fcntl(int fd, int cmd, ...) {

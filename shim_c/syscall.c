@@ -22,7 +22,9 @@ EXPORT long syscall(long n, ...) {
         case SYS_sched_yield: return sched_yield();
         case SYS_close: return close((int)a); /* libuv's: the fd marks go with it */
         case SYS_statx: /* libuv's fs.stat: the meta channel's */
-            return statx((int)a, (const char *)b, (int)c, (unsigned)d, (struct statx *)e);
+            if (SINCE(5))
+                return statx((int)a, (const char *)b, (int)c, (unsigned)d, (struct statx *)e);
+            break;
         case SYS_futex: return sys_ret(sched_futex(a, b, c, d, e, f));
         }
     }

@@ -660,6 +660,8 @@ def prepare_tape(events: Iterable[Event], tape_dir: str | Path, *,
     for proc in exited:
         (root / proc).mkdir(exist_ok=True)
         (root / proc / "exited").touch()
+    if protocol is not None:  # what the shim may tape that this recording's shim did not
+        (root / "protocol").write_text(str(protocol))
     if killed is not None:
         (root / "killed").write_text(str(killed))
     summary.streams = len(streams)

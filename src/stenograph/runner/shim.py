@@ -14,14 +14,16 @@ from pathlib import Path
 
 from stenograph.recorder.errors import BadInput
 
-PROTOCOL = 4
+PROTOCOL = 5
 """Wire/tape protocol version; must match STENO_PROTOCOL in shim_c/steno_shim.h."""
 
-READS = frozenset({2, 3, 4})
+READS = frozenset({2, 3, 4, 5})
 """The protocols whose tapes this shim replays: a protocol-2 tape is made one of this
 protocol when it is prepared (``recorder.tape.prepare_tape``: its per-call ``getpid``
 records are dropped); a protocol-3 tape has no net channel, so its connections run live
-(and a sealed replay refuses them)."""
+(and a sealed replay refuses them); a protocol-4 tape is replayed with that protocol's
+reach (``TAPE/protocol``: the shim does not follow pipes through ``dup`` and ``exec`` nor
+tape ``statx`` through ``syscall()`` for it)."""
 
 
 def readable(recorded_shim: object) -> int | None:
