@@ -1,10 +1,11 @@
 """Agents with MCP tool servers over stdio (issue "Agents with MCP tool servers", parts 1, 3):
 the official Python SDK's client starts a one-tool server as a child and calls it; the
 server's tool reads a clock, a uuid4, random numbers and a listing. Recorded, then
-replayed, bit for bit, on mcp 2.x (``MCPServer``, the virtualenv's) and mcp 1.x
-(``FastMCP``, installed once with ``pip install --target`` under ``.venv/``; skipped when
-pip cannot get it). Each ``tools/call`` is in the trajectory (``interpose/mcp_client.py``),
-and ``show`` lists it under the model's tool call that asked for it.
+replayed, bit for bit, on mcp 2.x (``MCPServer``, the virtualenv's), mcp 1.x
+(``FastMCP``) and the standalone ``fastmcp`` package's server (those two installed once
+with ``pip install --target`` under ``.venv/``; skipped when pip cannot get them). Each
+``tools/call`` is in the trajectory (``interpose/mcp_client.py``), and ``show`` lists it
+under the model's tool call that asked for it.
 
 The server reads its stdin from an anyio worker thread, through a duplicate of fd 0
 (``os.dup``: ``fcntl(F_DUPFD_CLOEXEC)``): a blocking read the scheduler saw only once the
@@ -27,39 +28,44 @@ PY = sys.executable  # the venv: the client and server import mcp
 CLIENT = Path(__file__).resolve().parent.parent / "examples" / "mcp" / "stamp_client.py"
 RECORDINGS, REPLAYS = (int(n) for n in os.environ.get("STENO_MCP_RUNS", "1x2").split("x"))
 """Recordings per SDK and replays per recording (``make soak``: 3x3)."""
-MCP1 = Path(sys.prefix) / "mcp-1"
+TARGETS = {"mcp1": ("mcp-1", "mcp<2", "mcp"), "fastmcp": ("fastmcp", "fastmcp", "fastmcp")}
+"""Installed once with ``pip install --target`` under ``.venv/``: dir, requirement, module."""
 
 
-def _mcp1() -> Path:
-    if (MCP1 / "mcp").is_dir():
-        return MCP1
-    tmp = MCP1.with_name(MCP1.name + f".tmp{os.getpid()}")
+def _target(sdk: str) -> Path:
+    name, req, module = TARGETS[sdk]
+    target = Path(sys.prefix) / name
+    if (target / module).is_dir():
+        return target
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     p = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                        "--disable-pip-version-check", "--target", str(tmp), "mcp<2"],
+                        "--disable-pip-version-check", "--target", str(tmp), req],
                        capture_output=True, text=True, timeout=600)
-    if p.returncode != 0:
+    if p.returncode != 0 or not (tmp / module).is_dir():
         shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(f"cannot install mcp 1.x: {p.stderr.strip()[-300:]}")
+        pytest.skip(f"cannot install {req}: {p.stderr.strip()[-300:]}")
     try:
-        tmp.rename(MCP1)
+        tmp.rename(target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # another run got there first
-    return MCP1
+    return target
 
 
 def _env(sdk: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
-    if sdk == "mcp1":
-        env["PYTHONPATH"] = str(_mcp1())
+    if sdk in TARGETS:
+        env["PYTHONPATH"] = str(_target(sdk))
+    if sdk == "fastmcp":
+        env["STAMP_SERVER"] = "fastmcp"
     return env
 
 
-@pytest.mark.parametrize("sdk", ["mcp2", "mcp1"])
+@pytest.mark.parametrize("sdk", ["mcp2", "mcp1", "fastmcp"])
 def test_an_mcp_server_over_stdio_replays_bit_for_bit(tmp_path: Path, sdk: str) -> None:
     env = _env(sdk)
     version = subprocess.run([PY, "-c", "import importlib.metadata as m; print(m.version('mcp'))"],
                              env=env, capture_output=True, text=True, timeout=60).stdout
-    assert version.startswith("2." if sdk == "mcp2" else "1."), version
+    assert version.startswith("1." if sdk == "mcp1" else "2."), version
     (tmp_path / "a").write_text("listed by the tool\n")
     for r in range(RECORDINGS):
         steno = tmp_path / f"{sdk}-{r}.steno"

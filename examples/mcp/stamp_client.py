@@ -2,6 +2,7 @@
 lists its tools and calls ``stamp`` N times (``argv[1]``, default 3)."""
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -12,7 +13,9 @@ SERVER = str(Path(__file__).with_name("stamp_server.py"))
 
 
 async def main(n: int) -> None:
-    params = StdioServerParameters(command=sys.executable, args=[SERVER])
+    # the server gets this environment (the SDK's default passes only a safe few
+    # variables: a PYTHONPATH that selects the SDK would not reach it)
+    params = StdioServerParameters(command=sys.executable, args=[SERVER], env=dict(os.environ))
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         tools = await session.list_tools()

@@ -1,16 +1,20 @@
 """A one-tool MCP server on the official Python SDK, written the way its docs write one:
 ``stamp`` returns a time, a uuid4, a random number and a directory listing (all of it
-different on every run natively). mcp 2.x names the class ``MCPServer``; 1.x ``FastMCP``."""
+different on every run natively). mcp 2.x names the class ``MCPServer``; 1.x ``FastMCP``;
+``STAMP_SERVER=fastmcp`` serves it with the standalone ``fastmcp`` package instead."""
 
 import os
 import random
 import time
 import uuid
 
-try:
-    from mcp.server.mcpserver import MCPServer as Server
-except ImportError:  # mcp 1.x
-    from mcp.server.fastmcp import FastMCP as Server
+if os.environ.get("STAMP_SERVER") == "fastmcp":  # the standalone fastmcp package
+    from fastmcp import FastMCP as Server
+else:
+    try:
+        from mcp.server.mcpserver import MCPServer as Server
+    except ImportError:  # mcp 1.x
+        from mcp.server.fastmcp import FastMCP as Server
 
 mcp = Server("stamp")
 
