@@ -106,27 +106,19 @@ EXPORT int dup(int from) {
     return (int)r;
 }
 /* fcntl's F_DUPFD and F_DUPFD_CLOEXEC (CPython's os.dup) are dups too: the marks follow.
- * Every other command goes to the kernel as it is (64-bit: one struct flock). */
-static int fcntl_marked(int fd, int cmd, void *arg) {
-    long r = RS3(SYS_fcntl, fd, cmd, arg);
-    if (is_err(r)) { errno = (int)-r; return -1; }
-    if (g_mode && SINCE(5) && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) dup_marks(fd, (int)r);
-    return (int)r;
-}
+ * Every other command goes to the kernel as it is (64-bit: one struct flock). fcntl64 is
+ * the same function on 64-bit. */
 EXPORT int fcntl(int fd, int cmd, ...) {
     va_list ap;
     va_start(ap, cmd);
     void *arg = va_arg(ap, void *);
     va_end(ap);
-    return fcntl_marked(fd, cmd, arg);
+    long r = RS3(SYS_fcntl, fd, cmd, arg);
+    if (is_err(r)) { errno = (int)-r; return -1; }
+    if (g_mode && SINCE(5) && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) dup_marks(fd, (int)r);
+    return (int)r;
 }
-EXPORT int fcntl64(int fd, int cmd, ...) {
-    va_list ap;
-    va_start(ap, cmd);
-    void *arg = va_arg(ap, void *);
-    va_end(ap);
-    return fcntl_marked(fd, cmd, arg);
-}
+EXPORT int fcntl64(int fd, int cmd, ...) __attribute__((alias("fcntl")));
 EXPORT int dup2(int from, int to) {
     long r = RS2(SYS_dup2, from, to);
     if (is_err(r)) { errno = (int)-r; return -1; }

@@ -198,12 +198,13 @@ static int exec_taped(exec_fn real, const char *file, char *const argv[], char *
      * asking anyone where nothing executable is: one question per command, not per try. */
     int viable = real != real_execve || RS2(SYS_access, file, X_OK) == 0;
     char wb[PATH_MAX];
-    int whole = viable && g_mode && pm_unfit(whole_path(file, real == real_execvpe, wb, sizeof wb));
+    const char *path = viable && g_mode ? whole_path(file, real == real_execvpe, wb, sizeof wb)
+                                        : file;
+    int whole = viable && g_mode && pm_unfit(path); /* (one look at the file per exec) */
     int asked = viable ? exec_ask(argv, whole) : 1;
     if (asked == 0) { errno = EACCES; return -1; } /* the policy refused the command */
     if (asked == 2) { g_exit_status = 0; final_flush(); die(0); } /* done, a person said */
-    if (viable)
-        whole_exec(file, real == real_execvpe, argv, envp, asked == 1 && g_mode == MODE_RECORD);
+    if (whole) whole_exec(path, argv, envp, asked == 1 && g_mode == MODE_RECORD);
     size_t ml = 0;
     char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
     before_exec(!viable || (g_mode == MODE_RECORD && g_sockpath[0] && !T.guard));

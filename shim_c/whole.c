@@ -153,15 +153,12 @@ static void whole_serve(tls_t *t) {
     }
 }
 
-/* An exec the shim cannot follow into: recorded or served whole, never returns then.
+/* An exec of `path` (found by pm_unfit to be a program the shim cannot follow into):
+ * recorded or served whole, never returns then.
  * Returns if the exec is to be made as it is (the shim will be in the new image, or the
  * run is not taped here: paused, a build replay that runs live). */
-static void whole_exec(const char *file, int search, char *const argv[], char *const envp[],
-                       int drained) {
+static void whole_exec(const char *path, char *const argv[], char *const envp[], int drained) {
     if (!g_mode || T.guard || reentered()) return;
-    char buf[PATH_MAX];
-    const char *path = whole_path(file, search, buf, sizeof buf);
-    if (!pm_unfit(path)) return;
     tls_t *t = me();
     char args[4096];
     uint32_t an = whole_args(argv, args, sizeof args);

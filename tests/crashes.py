@@ -77,6 +77,13 @@ def service(current: list[Run]) -> EffectService:
     return svc
 
 
+def started(store: Path, traj: str = "t") -> bool:
+    """Does the store hold the trajectory (a kill may land before its first event)?"""
+    from stenograph.recorder.reader import StoreReader
+
+    return (store / "wal").is_dir() and any(True for _ in StoreReader(store).events(traj=traj))
+
+
 def go(run: Run, argv: list[str], cwd: Path, env: dict[str, str],
        stdout: Any = subprocess.PIPE, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` as ``run`` (its own process group), killed as ``run.kill`` says; no

@@ -12,33 +12,19 @@ that ``PYTHONPATH``, so they run on 3.10 too.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from pip_target import installed
 
 ROOT = Path(__file__).resolve().parent.parent
 OLDEST = "3.10"
-TARGET = Path(sys.prefix) / f"aiohttp-{OLDEST}"
 
 
 def _oldest_aiohttp() -> Path:
-    if (TARGET / "aiohttp").is_dir():
-        return TARGET
-    tmp = TARGET.with_name(TARGET.name + f".tmp{os.getpid()}")
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        "--target", str(tmp), f"aiohttp=={OLDEST}.*"],
-                       capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(f"cannot install aiohttp {OLDEST}: {p.stderr.strip()[-300:]}")
-    try:
-        tmp.rename(TARGET)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # another run got there first
-    return TARGET
+    return installed(f"aiohttp-{OLDEST}", f"aiohttp=={OLDEST}.*", "aiohttp")
 
 
 @pytest.mark.slow

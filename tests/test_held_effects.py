@@ -95,13 +95,19 @@ def _pushed(remote: Path) -> list[str]:
     return p.stdout.splitlines() if p.returncode == 0 else []
 
 
+def _paused(work: Path, store: Path) -> subprocess.CompletedProcess[str]:
+    """Record the pusher under the hold: the run pauses (exit 5) at its push."""
+    rec = _cli("record", "--store", str(store), "--traj", "t", "--policy", "policy.toml",
+               "--", PY, "agent.py", cwd=work)
+    assert rec.returncode == 5, rec.stderr
+    return rec
+
+
 def test_a_held_push_pauses_the_run_and_is_made_once_when_approved(
         repo: tuple[Path, Path], tmp_path: Path) -> None:
     work, remote = repo
     store = tmp_path / "store"
-    rec = _cli("record", "--store", str(store), "--traj", "t", "--policy", "policy.toml",
-               "--", PY, "agent.py", cwd=work)
-    assert rec.returncode == 5, rec.stderr
+    rec = _paused(work, store)
     assert rec.stdout == "committed\n" and "waits for approval" in rec.stderr, rec.stderr
     assert len(rec.stderr.strip().splitlines()) == 1, rec.stderr
     assert _pushed(remote) == []
@@ -127,9 +133,7 @@ def test_a_held_push_denied_is_refused_as_a_failed_exec(repo: tuple[Path, Path],
                                                          tmp_path: Path) -> None:
     work, remote = repo
     store = tmp_path / "store"
-    rec = _cli("record", "--store", str(store), "--traj", "t", "--policy", "policy.toml",
-               "--", PY, "agent.py", cwd=work)
-    assert rec.returncode == 5, rec.stderr
+    _paused(work, store)
     (call,) = _pending(store, work)
     _cli("deny", str(store), "t", call, "--by", "bob", cwd=work, check=True)
     res = _cli("resume", str(store), "t", "--policy", "policy.toml", cwd=work)
@@ -143,9 +147,7 @@ def test_a_resume_without_a_decision_pauses_again(repo: tuple[Path, Path],
                                                    tmp_path: Path) -> None:
     work, remote = repo
     store = tmp_path / "store"
-    rec = _cli("record", "--store", str(store), "--traj", "t", "--policy", "policy.toml",
-               "--", PY, "agent.py", cwd=work)
-    assert rec.returncode == 5, rec.stderr
+    _paused(work, store)
     again = _cli("resume", str(store), "t", "--policy", "policy.toml", cwd=work)
     assert again.returncode == 5 and "waits for approval" in again.stderr, again.stderr
     assert _pushed(remote) == [] and len(_pending(store, work)) == 1

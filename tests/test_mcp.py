@@ -16,12 +16,12 @@ replay stopped at "threads ran unscheduled").
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from pip_target import installed
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = sys.executable  # the venv: the client and server import mcp
@@ -32,29 +32,10 @@ TARGETS = {"mcp1": ("mcp-1", "mcp<2", "mcp"), "fastmcp": ("fastmcp", "fastmcp", 
 """Installed once with ``pip install --target`` under ``.venv/``: dir, requirement, module."""
 
 
-def _target(sdk: str) -> Path:
-    name, req, module = TARGETS[sdk]
-    target = Path(sys.prefix) / name
-    if (target / module).is_dir():
-        return target
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                        "--disable-pip-version-check", "--target", str(tmp), req],
-                       capture_output=True, text=True, timeout=600)
-    if p.returncode != 0 or not (tmp / module).is_dir():
-        shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(f"cannot install {req}: {p.stderr.strip()[-300:]}")
-    try:
-        tmp.rename(target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # another run got there first
-    return target
-
-
 def _env(sdk: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
     if sdk in TARGETS:
-        env["PYTHONPATH"] = str(_target(sdk))
+        env["PYTHONPATH"] = str(installed(*TARGETS[sdk]))
     if sdk == "fastmcp":
         env["STAMP_SERVER"] = "fastmcp"
     return env

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from crashes import Run, go, service
+from crashes import Run, go, service, started
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = os.path.realpath(sys.executable)
@@ -108,13 +108,6 @@ def _payee(store: Path, call: str) -> str:
             return ("acct-A" if "acct-A" in args else "acct-B" if "acct-B" in args
                     else ("acct-A", "acct-B")[i])
     raise AssertionError(f"no intent {call}")
-
-
-def _started(store: Path) -> bool:
-    """Does the store hold the trajectory (a kill may land before its first event)?"""
-    from stenograph.recorder.reader import StoreReader
-
-    return (store / "wal").is_dir() and any(True for _ in StoreReader(store).events(traj="t"))
 
 
 def _settle(store: Path, call: str, decision: str) -> None:
@@ -208,7 +201,7 @@ def test_crash_anywhere_then_resume_until_done_every_payment_exactly_once(
         with service(current) as svc:
             go(current[0], [*CLI, "record", "--store", str(store), "--traj", "t", "--", PY,
                             "agent.py", svc.url], tmp_path, _env())
-            if not _started(store):  # killed before the trajectory began: nothing ran
+            if not started(store):  # killed before the trajectory began: nothing ran
                 assert svc.stats()["payments"] == 0, kill
                 continue
             for _ in range(4):

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from crashes import Run, go
+from crashes import Run, go, started
 from pg_cluster import postgres
 
 CLI = [sys.executable, "-m", "stenograph"]
@@ -59,12 +59,6 @@ def _effects(store: Path) -> list[dict[str, object]]:
     out = subprocess.run([*CLI, "status", "--json", str(store), "t"], capture_output=True,
                          text=True, timeout=60, check=True).stdout
     return list(json.loads(out.splitlines()[0])["effects"])
-
-
-def _started(store: Path) -> bool:
-    from stenograph.recorder.reader import StoreReader
-
-    return (store / "wal").is_dir() and any(True for _ in StoreReader(store).events(traj="t"))
 
 
 def _settled_in_database(port: int) -> None:
@@ -137,7 +131,7 @@ def test_crash_anywhere_then_resume_until_done_every_payment_exactly_once(
             run = Run(kill=("timer", rnd.uniform(0.3, 0.95) * took))
             go(run, [*CLI, "record", "--store", str(store), "--traj", "t", "--", PY,
                      "agent.py", host, str(port)], tmp_path, _env())
-            if not _started(store):  # killed before the trajectory's first event
+            if not started(store):  # killed before the trajectory's first event
                 assert _paid(port) == [], run.kill
                 continue
             for _ in range(5):
