@@ -15,6 +15,7 @@ replay stopped at "threads ran unscheduled").
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -61,10 +62,16 @@ def test_an_mcp_server_over_stdio_replays_bit_for_bit(tmp_path: Path, sdk: str) 
         # each tools/call is in the trajectory: which tool, with what, and its answer
         from stenograph.recorder.trajfile import read_trajectory
 
-        calls = [e.body for e in read_trajectory(steno).events
-                 if e.kind == "ToolResult" and e.body.get("channel") == "mcp"]
-        assert [c["target"] for c in calls] == ['mcp stamp {"path": "."}'] * 3, calls
-        assert [c["answer"].split()[1] for c in calls] == [ln.split()[2] for ln in lines[1:]]
+        events = read_trajectory(steno).events
+        calls = [e.body for e in events if e.kind == "Exchange" and e.body.get("channel") == "mcp"]
+        assert [c["request"]["url"] for c in calls] == ["mcp:stamp/stamp"] * 3, calls
+        assert [json.loads(c["request"]["body"]) for c in calls] == [{"path": "."}] * 3
+        answers = [json.loads(c["result"])["content"][0]["text"] for c in calls]
+        assert [a.split()[1] for a in answers] == [ln.split()[2] for ln in lines[1:]]
+        # unannotated, the tool acts (the spec's default): each call's intent came first
+        intents = [e for e in events if e.kind == "ToolIntent" and e.body["channel"] == "mcp"]
+        assert [i.body["target"] for i in intents] == ["mcp stamp/stamp"] * 3
+        assert all(i.body["idempotent"] is False for i in intents)
         for _ in range(REPLAYS):
             rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
                                  capture_output=True, text=True, timeout=180)
@@ -93,8 +100,9 @@ def test_an_agents_sdk_agent_with_an_mcp_server_replays_bit_for_bit(tmp_path: Pa
                                   timeout=60).stdout.splitlines()
             turn1 = show.index(next(ln for ln in show if ln.strip().startswith("1 ")))
             assert "stamp(path=.)" in show[turn1], show  # the model's tool call, and
-            assert show[turn1 + 1].split() == ["call:", "mcp", "stamp", '{"path":', '"."}',
-                                               "done"], show  # the MCP call that made it
+            # the MCP call that made it: unannotated, the tool acts (an effect)
+            assert show[turn1 + 1].split() == ["effect:", "mcp", "stamp/stamp", '{"path":',
+                                               '"."}', "settled"], show
             for _ in range(max(1, REPLAYS - 1)):
                 rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
                                      capture_output=True, text=True, timeout=180)
@@ -104,7 +112,7 @@ def test_an_agents_sdk_agent_with_an_mcp_server_replays_bit_for_bit(tmp_path: Pa
 
 def test_a_tool_call_made_through_mcp_is_not_listed_as_not_sent() -> None:
     """A run that crashed after the model proposed ``stamp`` and the agent called it over
-    MCP: the call was made (its trace is there), so ``status`` must not list it as a
+    MCP: the call was made (its entry is there), so ``status`` must not list it as a
     proposal nothing of which left the host."""
     import json
 
@@ -118,8 +126,8 @@ def test_a_tool_call_made_through_mcp_is_not_listed_as_not_sent() -> None:
         "proc": "0", "channel": "model", "pos": 0,
         "request": {"method": "POST", "url": "http://m/v1/chat/completions"},
         "response": {"status": 200, "body": reply}})
-    mcp = Event(2, "t", 2, 1, "ToolResult", {"channel": "mcp", "call_id": "0/mcp/0",
-                                             "proc": "0", "target": "mcp stamp {}",
-                                             "as": "done"})
+    mcp = Event(2, "t", 2, 1, "Exchange", {"channel": "mcp", "proc": "0", "pos": 0,
+                                           "request": {"method": "CALL",
+                                                       "url": "mcp:stamp/stamp"}})
     assert [e.target for e in fold("t", [model]).effects] == ["tool call stamp"]
     assert fold("t", [model, mcp]).effects == []

@@ -1,10 +1,12 @@
 """A one-tool MCP server on the official Python SDK, written the way its docs write one:
 ``stamp`` returns a time, a uuid4, a random number and a directory listing (all of it
 different on every run natively). mcp 2.x names the class ``MCPServer``; 1.x ``FastMCP``;
-``STAMP_SERVER=fastmcp`` serves it with the standalone ``fastmcp`` package instead."""
+``STAMP_SERVER=fastmcp`` serves it with the standalone ``fastmcp`` package instead.
+``--http PORT`` serves it over streamable HTTP on 127.0.0.1:PORT instead of stdio."""
 
 import os
 import random
+import sys
 import time
 import uuid
 
@@ -27,4 +29,12 @@ def stamp(path: str = ".") -> str:
 
 
 if __name__ == "__main__":
-    mcp.run()
+    if len(sys.argv) > 2 and sys.argv[1] == "--http":  # streamable HTTP on 127.0.0.1:PORT
+        port = int(sys.argv[2])
+        try:
+            mcp.run(transport="streamable-http", host="127.0.0.1", port=port)
+        except TypeError:  # mcp 1.x: the port is a setting
+            mcp.settings.host, mcp.settings.port = "127.0.0.1", port
+            mcp.run(transport="streamable-http")
+    else:
+        mcp.run()

@@ -41,17 +41,35 @@ def _from_tools(tr: Trajectory, t: Turn) -> dict[str, Any]:
     ``stenograph.tool`` calls, matched by name in order."""
     answered = {a.call_id for a in t.results}
     by_seq = {e.seq: e for e in tr.events}
-    made = [by_seq.get(c.at.seq) for c in t.calls if c.target.startswith("tool ")]
+    made = [by_seq.get(c.at.seq) for c in t.calls if c.target.startswith(("tool ", "mcp "))]
     out: dict[str, Any] = {}
     for call in t.reply.tool_calls:
         if call.id in answered:
             continue
         for i, ev in enumerate(made):
-            if ev is not None and ev.body.get("request", {}).get("url") == f"tool:{call.name}":
+            url = str(ev.body.get("request", {}).get("url")) if ev is not None else ""
+            if ev is not None and url == f"tool:{call.name}":
                 out[call.id] = (ev.body.get("result"), f"tool call {ev.body.get('pos')}")
-                made[i] = None
-                break
+            elif ev is not None and url.startswith("mcp:") and url.endswith(f"/{call.name}"):
+                out[call.id] = (mcp_text(ev.body.get("result")),
+                                f"mcp call {ev.body.get('pos')}")
+            else:
+                continue
+            made[i] = None
+            break
     return out
+
+
+def mcp_text(result: Any) -> Any:
+    """An MCP call's recorded answer (a ``CallToolResult`` as JSON) as the model would read
+    it: its text parts, joined; anything else as it is."""
+    if not isinstance(result, bytes):
+        return result
+    doc = loads(result)
+    if isinstance(doc, dict) and isinstance(doc.get("content"), list):
+        return "\n".join(str(c.get("text")) for c in doc["content"]
+                         if isinstance(c, dict) and "text" in c)
+    return doc
 
 
 def turn_doc(tr: Trajectory, t: Turn, cps: list[CheckpointInfo]) -> dict[str, Any]:

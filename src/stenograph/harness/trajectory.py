@@ -149,13 +149,18 @@ def target_of(body: dict[str, Any]) -> str:
     req = body.get("request") if isinstance(body.get("request"), dict) else {}
     url = str(req.get("url", "?"))
     if req.get("method") == "CALL":
-        return f"tool {url.partition(':')[2]}" if str(body.get("channel")).endswith(
-            "tool") else url
+        kind = str(body.get("channel")).rpartition("/")[2]
+        if kind == "mcp":  # which tool of which server, with what
+            args = req.get("body")
+            brief = " ".join(args.decode("utf-8", "replace").split())[:120] if isinstance(
+                args, bytes) else ""
+            return f"mcp {url.partition(':')[2]} {brief}".rstrip()
+        return f"tool {url.partition(':')[2]}" if kind == "tool" else url
     return f"{req.get('method', '?')} {url}"
 
 
 def _ok(body: dict[str, Any]) -> bool:
-    if body.get("error") is not None:
+    if body.get("error") is not None or body.get("failed"):
         return False
     resp = body.get("response")
     if isinstance(resp, dict):
@@ -186,7 +191,7 @@ class Deriver:
                 api = api_of(url, None)
                 return [ContextBuilt(self.turn, at, api, url, req.get("body")),
                         ModelReplied(self.turn, at, reply_from(b, api, self.bodies))]
-            if ch in ("http", "tool"):
+            if ch in ("http", "tool", "mcp"):
                 cid = call_id(b.get("proc"), ch, b.get("pos"))
                 return [ToolResult(self.turn, at, cid, target_of(b), _ok(b))]
             return []
@@ -436,7 +441,9 @@ def build(traj: str, header: dict[str, Any], events: list[Event],
                 old = calls_by_id.get(x.call_id)
                 if old is not None and old.state == "in-doubt":
                     i = next(i for i, c in enumerate(_owner(turns, before, old)) if c is old)
-                    new = replace(old, state="settled")
+                    new = replace(old, state="settled") if not x.target.startswith(
+                        "mcp ") else replace(old, state="settled" if x.ok else "failed",
+                                             target=x.target)  # with its arguments
                     _owner(turns, before, old)[i] = new
                     calls_by_id[x.call_id] = new
                 elif old is None:

@@ -41,6 +41,46 @@ def is_effect(method: str, url: str, channel: str, effect_urls: str = "",
     return method.upper() in EFFECT_METHODS
 
 
+MCP_METHODS = ("initialize", "ping", "notifications/", "tools/list", "resources/", "prompts/",
+               "completion/", "logging/", "roots/", "sampling/", "elicitation/", "server/",
+               "tasks/")
+"""JSON-RPC methods of MCP's own that change nothing (``tools/call`` is the one that acts)."""
+
+mcp_calls_in_flight = 0
+"""``tools/call`` requests the MCP SDK hook is making now (``interpose/mcp_client.py``):
+each has its own intent, so its HTTP request is not a second effect."""
+
+
+def mcp_traffic(headers: Sequence[tuple[str, str]], body: bytes) -> bool:
+    """Is this request an MCP client's transport traffic (streamable HTTP) that is no
+    effect of its own: a JSON-RPC message of MCP's own methods, an answer to the server,
+    the session's ``DELETE``, or a ``tools/call`` the SDK hook made an intent for? A
+    ``tools/call`` sent by a client the hook does not see stays an HTTP effect."""
+    mcp_headers = any(k.lower().startswith("mcp-") for k, _ in headers)
+    if not body:
+        return mcp_headers
+    try:
+        import json
+
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    msgs = doc if isinstance(doc, list) else [doc]
+    if not msgs or not all(isinstance(m, dict) and m.get("jsonrpc") == "2.0" for m in msgs):
+        return False
+    for m in msgs:
+        method = m.get("method")
+        if method == "tools/call":
+            if mcp_calls_in_flight <= 0:
+                return False
+        elif isinstance(method, str):
+            if not method.startswith(MCP_METHODS):
+                return False
+        elif not mcp_headers:  # an answer: MCP's when its headers say so
+            return False
+    return True
+
+
 def idempotency_key(traj: str, proc: str, stream: str, fingerprint: str,
                     occurrence: int) -> str:
     """The key an effect carries, from the intent's identity: the trajectory, the process,

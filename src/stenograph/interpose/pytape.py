@@ -405,7 +405,8 @@ class PyTape:
         self._send(entry)
 
     def intent(self, channel: str, pos: int, target: str, body: bytes | Any,
-               key: str | None, fingerprint: str | None = None) -> bool:
+               key: str | None, fingerprint: str | None = None,
+               extra: dict[str, Any] | None = None) -> bool:
         """Make an effect's intent durable before it is dispatched: the recorder drains
         every ring of the tree, appends ``ToolIntent`` and answers once its sync returned
         (so everything taped before it is durable too). False if it could not be made
@@ -422,7 +423,7 @@ class PyTape:
         record = {"kind": "ToolIntent", "call_id": call_id(self.proc, channel, pos),
                   "proc": self.proc, "channel": channel, "pos": pos, "target": target,
                   "body": self.rules.scrub(body), "idempotency_key": key,
-                  "epoch": self.epoch, "fingerprint": fingerprint}
+                  "epoch": self.epoch, "fingerprint": fingerprint, **(extra or {})}
         try:
             self._send(record)
         except (_Refused, OSError, RuntimeError, ValueError):
@@ -511,6 +512,10 @@ class PyTape:
             self._streams = (msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
                              if path.exists() else {})
         return self._streams
+
+    def streams(self) -> set[str]:
+        """Replay: the names of this process's recorded streams."""
+        return set(self._load()) if self._tape_dir is not None else set()
 
     def recorded(self, channel: str, pos: int, fp: str) -> dict[str, Any] | None:
         """Resuming: the prefix's entry for this call, if it has one with this fingerprint."""

@@ -269,7 +269,8 @@ class Call:
         again: served, not sent (``PyTape.resumed_entry``)."""
         self.suspend: dict[str, list[Any]] = {"head": [], "chunks": []}
         self.effect = effects.is_effect(method, url, self.channel, tape.effect_urls,
-                                        tape.readonly_urls) and not IN_DECLARED_EFFECT.get()
+                                        tape.readonly_urls) and not IN_DECLARED_EFFECT.get(
+                                        ) and not effects.mcp_traffic(headers, body)
         self.extra_headers: list[tuple[str, str]] = []
         """Headers an effect leaves with (record): the hook adds them to the request."""
         self._target = f"{method.upper()} {url}"

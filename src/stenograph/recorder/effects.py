@@ -1,7 +1,8 @@
 """Effects in a trajectory, and the state of the trajectory, from the log alone.
 
 An effect is a call that changes the world: an HTTP request that is neither a model call
-nor read-only (``interpose/effects.py`` decides), a ``@stenograph.tool(effect=True)``, or
+nor read-only (``interpose/effects.py`` decides), a ``@stenograph.tool(effect=True)``, an
+MCP ``tools/call`` of a tool not annotated read-only (``interpose/mcp_client.py``), or
 an HTTP request on a taped connection (a tool's ``curl``, a ``urllib`` call: channel
 ``net``, ``shim_c/neteffect.c``) whose method is not GET, HEAD, OPTIONS or TRACE.
 Before it is dispatched the recorder makes a ``ToolIntent`` durable (call id, target,
@@ -49,6 +50,7 @@ class Effect:
     decision: str | None = None
     by: str | None = None
     """The command whose process made it (a program's own connection or request)."""
+    fingerprint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"call_id": self.call_id, "target": self.target, "state": self.state,
@@ -130,6 +132,7 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
     """The state of one trajectory from its events (in log order)."""
     st = TrajectoryState(traj)
     by_id: dict[str, Effect] = {}
+    at_pos: dict[str, Effect] = {}  # the latest intent at each place (a resume's may differ)
     asked: dict[str, ApprovalState] = {}
     ended = stopped = False
     proposals: list[tuple[str, str]] = []  # the last model reply's tool calls
@@ -137,21 +140,25 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
     for ev in events:
         st.events += 1
         body = ev.body if isinstance(ev.body, dict) else {}
-        if ev.kind == "ToolResult" and body.get("channel") == "mcp":  # an MCP tools/call
-            handled.add(str(body.get("call_id")))
-        if ev.kind in ("ToolIntent", "Exchange") and body.get("channel") in ("http", "tool",
-                                                                            "net", "exec"):
+        if ev.kind in ("ToolIntent", "Exchange") and body.get("channel") in (
+                "http", "tool", "net", "exec", "mcp"):
             pos = body.get("pos")
             handled.add(str(body.get("call_id") if ev.kind == "ToolIntent" else call_id(
                 str(body.get("proc")), str(body.get("channel")),
                 pos if isinstance(pos, int) else -1)))
         if ev.kind == "ToolIntent":
             cid = str(body.get("call_id"))
+            old = at_pos.get(cid)
+            epoch = int(body.get("epoch", 0))
+            if old is not None and old.epoch != epoch and old.fingerprint != body.get(
+                    "fingerprint"):  # a resume's call in a place an earlier intent held
+                cid = f"{cid}@{epoch}"
             eff = Effect(cid, str(body.get("target", "?")), body.get("idempotency_key"),
-                         int(body.get("epoch", 0)), intent_lsn=ev.lsn,
-                         by=str(body["by"]) if body.get("by") else None)
+                         epoch, intent_lsn=ev.lsn,
+                         by=str(body["by"]) if body.get("by") else None,
+                         fingerprint=body.get("fingerprint"))
             if cid not in by_id:
-                by_id[cid] = eff
+                by_id[cid] = at_pos[str(body.get("call_id"))] = eff
                 st.effects.append(eff)
         elif ev.kind == "ApprovalRequested":
             cid = str(body.get("call_id"))
@@ -177,7 +184,7 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
                     result = body.get("result") or {}
                     a.state = str(result.get("decision", a.state))
             if isinstance(pos, int):
-                eff = by_id.get(call_id(str(body.get("proc")), str(ch), pos))
+                eff = at_pos.get(call_id(str(body.get("proc")), str(ch), pos))
                 if eff is not None and eff.result_lsn is None:
                     eff.result_lsn = ev.lsn
                     eff.state = "settled"

@@ -58,11 +58,10 @@ def _lost_bodies(entry: dict[str, Any]) -> int:
 
 
 HARNESS_EVENTS = frozenset({"ToolIntent", "ApprovalRequested", "Drift", "Stop",
-                            "ContextBuilt", "ToolResult"})
+                            "ContextBuilt"})
 """What a hook may send besides its finished calls (``PyTape.intent`` / ``notify``)."""
-QUEUED_EVENTS = frozenset({"ContextBuilt", "ToolResult"})
-"""Harness events appended without a sync of their own (a turn's start marker, an MCP
-call's trace: ``interpose/mcp_client.py``; each rides the
+QUEUED_EVENTS = frozenset({"ContextBuilt"})
+"""Harness events appended without a sync of their own (a turn's start marker rides the
 sync of the turn's ``Exchange``): the drain before them is what they are for."""
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from stenograph.recorder.codec import Event
-from stenograph.recorder.effects import TrajectoryState, fold
+from stenograph.recorder.effects import TrajectoryState, call_id, fold
 from stenograph.recorder.errors import BadInput
 from stenograph.recorder.leases import LocalLeases
 from stenograph.recorder.reader import StoreReader
@@ -35,6 +35,9 @@ from stenograph.recorder.store import writer_holds
 CUT_KINDS = frozenset({"Exchange", "ToolIntent", "ContextBuilt"})
 """Events appended after a drain of every ring: points the tape is consistent at
 (``ContextBuilt``: a model call's start, ``PyTape.mark_turn``)."""
+
+MCP = "mcp"
+"""The channel of MCP tool calls (``interpose/mcp_client.py``)."""
 
 DROPPED_AFTER_CUT = frozenset({"TapeChunk", "Checkpoint"})
 """What a resume runs again: the tape (and snapshots) past its cut."""
@@ -82,10 +85,47 @@ def redo_points(events: Sequence[Event]) -> list[int]:
     last = max((e.seq for e in events if e.kind == "LeaseAcquired"
                 and isinstance(e.body.get("resumed_at"), int)), default=-1)
     fresh = {str(e.body.get("call_id")) for e in events if e.kind == "Settled" and e.seq > last}
+    settled = {str(e.body.get("call_id")) for e in events if e.kind == "Settled"}
     results = {str(e.body.get("call_id")) for e in events if e.kind == "ToolResult"}
-    return [e.seq for e in events if e.kind == "ToolIntent"
-            and e.body.get("channel") in ("exec", "net")
-            and str(e.body.get("call_id")) in fresh - results]
+    answered = {call_id(str(e.body.get("proc")), MCP, int(e.body["pos"])) for e in events
+                if e.kind == "Exchange" and e.body.get("channel") == MCP
+                and isinstance(e.body.get("pos"), int)}
+    points = []
+    for e in events:
+        cid, ch = str(e.body.get("call_id")), e.body.get("channel")
+        if e.kind != "ToolIntent":
+            continue
+        if ch in ("exec", "net") and cid in fresh - results:
+            points.append(e.seq)
+        elif ch == MCP and cid not in answered and (cid in fresh or cid not in settled):
+            # an MCP call sent again (idempotent) or settled: the server must not have
+            # read it in the prefix, or its replay answers what the client never asks
+            points.append(e.seq)
+    return points
+
+
+def covered(events: Sequence[Event], state: TrajectoryState) -> list[tuple[str, str]]:
+    """(effect, MCP call) for each effect in doubt that a process of the tree made while
+    serving an MCP call now settled as done: the server's own request for the tool. The
+    call's settlement says what happened inside it, and the resumed run never sends the
+    call (its server never makes that request again), so the effect is not in doubt.
+    "While serving" is read from the log: after the call's intent, before its client's
+    next event (a client that makes calls concurrently makes this a guess)."""
+    doubt = {e.call_id for e in state.effects if e.state == "in-doubt"}
+    done = {e.call_id for e in state.effects if e.decision == "done" and e.result_lsn is None}
+    out: list[tuple[str, str]] = []
+    for i, ev in enumerate(events):
+        b = ev.body
+        if ev.kind != "ToolIntent" or b.get("channel") != MCP or str(b.get("call_id")) not in done:
+            continue
+        client = b.get("proc")
+        for later in events[i + 1:]:
+            lb = later.body if isinstance(later.body, dict) else {}
+            if later.kind in ("ToolIntent", "Exchange") and lb.get("proc") == client:
+                break
+            if later.kind == "ToolIntent" and str(lb.get("call_id")) in doubt:
+                out.append((str(lb.get("call_id")), str(b.get("call_id"))))
+    return out
 
 
 @dataclass
@@ -128,7 +168,9 @@ def plan(traj: str, events: Sequence[Event]) -> ResumePlan:
                                "pos": intent.get("pos"),
                                **({"arguments": intent["arguments"]}
                                   if "arguments" in intent else {}),
-                               **({"by": intent["by"]} if "by" in intent else {})})
+                               **({"by": intent["by"]} if "by" in intent else {}),
+                               **({"idempotent": intent["idempotent"]}
+                                  if "idempotent" in intent else {})})
         elif (eff.decision == "done" and eff.result_lsn is None
               and intent.get("channel") not in ("net", "exec")):  # (no Python tape to serve)
             p.settled_done.append({"settled": settled.get(eff.call_id, {}), "intent": intent})
@@ -156,6 +198,13 @@ def settled_entry(intent: dict[str, Any], result: Any) -> dict[str, Any]:
     base = {"proc": proc, "channel": channel, "pos": pos,
             "fingerprint": intent.get("fingerprint"), "settled_by_person": True}
     target = str(intent.get("target", ""))
+    if target.startswith("mcp "):  # interpose/mcp_client.py builds the tool's answer
+        name = target[4:]
+        return {**base, "call_id": f"{name}#{pos}",
+                "request": {"method": "CALL", "url": f"{channel}:{name}", "headers": [],
+                            "body": intent.get("body") if isinstance(intent.get("body"), bytes)
+                            else b""},
+                "result": result, "error": None}
     if target.startswith("tool "):
         name = target[5:]
         return {**base, "call_id": f"{name}#{pos}",

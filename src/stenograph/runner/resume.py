@@ -35,7 +35,7 @@ from stenograph.recorder.drift import signature, tool_calls_of
 from stenograph.recorder.errors import BadInput, StenographError
 from stenograph.recorder.exchanges import ExchangeServer
 from stenograph.recorder.reader import StoreReader
-from stenograph.recorder.resumes import ResumePlan, plan, settled_entry
+from stenograph.recorder.resumes import ResumePlan, covered, plan, settled_entry
 from stenograph.recorder.secretfiles import recorded_secrets, write_values
 from stenograph.recorder.snapshots import (
     Cadence,
@@ -73,6 +73,9 @@ class ResumeRequest:
 
 
 PROBE_TIMEOUT = 120.0
+OWN_SETTLING = ("net", "exec", "mcp")
+"""Effects in doubt a policy's probe may settle: the program cannot be asked about them
+(a declared tool's own ``probe`` answers for it)."""
 
 
 def run_probe(probe: Any, doubt: dict[str, Any], cwd: str) -> str | None:
@@ -120,36 +123,43 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
                     "exit_status": rp.state.exit_status}
         for d in rp.in_doubt:
             url = d["target"].partition(" ")[2]
-            http = not d["target"].startswith("tool ")
+            http = not d["target"].startswith(("tool ", "mcp "))
             d["settle"] = "person" if http and (req.settle_http == "escalate" or any(
                 p.search(url) for p in req.escalate)) else "reissue"
             if d.get("channel") == "exec" or (d.get("channel") == "net" and not d.get(
-                    "idempotency_key")):  # a command, a request no key makes safe to send
-                d["settle"] = "person"
+                    "idempotency_key")) or (d.get("channel") == "mcp" and not d.get(
+                    "idempotent")):  # a command, a request no key makes safe to send, a
+                d["settle"] = "person"  # tool that does not say it may be called again
         found = [(d["call_id"], "reissue", "its idempotency key") for d in rp.in_doubt
                  if d.get("channel") == "net" and d["settle"] == "reissue"]
         policy = getattr(req.authorizer, "policy", None)
         for d in rp.in_doubt:
             probe = policy.probe_for(d["target"]) if policy is not None and d.get(
-                "channel") in ("net", "exec") and d["settle"] == "person" else None
+                "channel") in OWN_SETTLING and d["settle"] == "person" else None
             if probe is None:
                 continue
             said = run_probe(probe, d, str(started.get("cwd") or "."))
             if said is not None:  # it found out: done, or not done (made again)
                 found.append((d["call_id"], said, f"probe: {probe.command}"))
         if found:  # settled without a person: a key makes it safe to send again, or a probe
-            with Store(store, shared=True) as s:
-                for call, as_, by in found:
-                    s.append(traj, "Settled", {"call_id": call, "as": as_, "result": None,
-                                               "by": by})
+            _settle(store, traj, found)
             events = list(StoreReader(store).events(traj=traj))
             rp = plan(traj, events)
-        net = [d for d in rp.in_doubt if d.get("channel") in ("net", "exec")]
+        inside = covered(rp.events, rp.state)
+        if inside:  # what a server did for an MCP call settled done is settled with it
+            _settle(store, traj, [(cid, "done", f"inside {outer}, settled done")
+                                  for cid, outer in inside])
+            events = list(StoreReader(store).events(traj=traj))
+            rp = plan(traj, events)
+        net = [d for d in rp.in_doubt if d.get("channel") in ("net", "exec")
+               or (d.get("channel") == "mcp" and d["settle"] == "person")]
         if net:  # nothing in the program can ask for it again: a person, before it runs
             d = net[0]
-            why = ("was sent by the program on its own connection, which no one can ask "
-                   "again" if d["channel"] == "net" else
-                   "is a command that was running when the run ended")
+            why = {"net": "was sent by the program on its own connection, which no one can "
+                          "ask again",
+                   "exec": "is a command that was running when the run ended",
+                   "mcp": "its tool does not say it is idempotent (MCP idempotentHint)"
+                   }[d["channel"]]
             return {"traj": traj, "resumed": True, "epoch": rp.state.epoch,
                     "in_doubt": [x["call_id"] for x in rp.in_doubt],
                     "attention": {"call_id": d["call_id"], "target": d["target"], "why": why,
@@ -171,6 +181,13 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
     finally:
         worker.close()
     return {"traj": traj, "resumed": True, **out}
+
+
+def _settle(store: Path, traj: str, decisions: list[tuple[str, str, str]]) -> None:
+    """Append a ``Settled`` (call, as, by) for each decision made without a person."""
+    with Store(store, shared=True) as s:
+        for call, as_, by in decisions:
+            s.append(traj, "Settled", {"call_id": call, "as": as_, "result": None, "by": by})
 
 
 def _body(value: Any, blobs: BlobStore) -> bytes:
