@@ -62,6 +62,7 @@ bench: $(STAMP) $(USTAMP)
 	$(BIN)/python bench/shim.py
 	$(BIN)/python bench/agent_run.py
 	$(BIN)/python bench/http_capture.py
+	$(BIN)/python bench/mcp_session.py
 	$(BIN)/python bench/redact.py
 	$(BIN)/python bench/workspace.py
 	$(UVENV)/bin/pip install -q 'openai>=3,<4' && $(BIN)/python bench/seal.py

@@ -443,7 +443,7 @@ def build(traj: str, header: dict[str, Any], events: list[Event],
                     i = next(i for i, c in enumerate(_owner(turns, before, old)) if c is old)
                     new = replace(old, state="settled") if not x.target.startswith(
                         "mcp ") else replace(old, state="settled" if x.ok else "failed",
-                                             target=x.target)  # with its arguments
+                                             target=x.target, at=x.at)  # with its answer
                     _owner(turns, before, old)[i] = new
                     calls_by_id[x.call_id] = new
                 elif old is None:
