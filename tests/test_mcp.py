@@ -131,3 +131,55 @@ def test_a_tool_call_made_through_mcp_is_not_listed_as_not_sent() -> None:
                                                        "url": "mcp:stamp/stamp"}})
     assert [e.target for e in fold("t", [model]).effects] == ["tool call stamp"]
     assert fold("t", [model, mcp]).effects == []
+
+
+@pytest.mark.parametrize("sdk", ["mcp2", "mcp1"])
+def test_a_server_outside_the_tree_over_streamable_http_is_never_reached_by_a_replay(
+        tmp_path: Path, sdk: str) -> None:
+    """The server runs on its own (not a child of the recorded run): the client's
+    requests are hooked exchanges, its transport's own traffic is no effect, and each
+    replay is served from the recording with the server stopped. The session's GET
+    stream stayed open until the client closed it; a replay keeps it waiting too."""
+    import socket
+    import time
+
+    env = _env(sdk)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([PY, str(CLIENT.with_name("stamp_server.py")), "--http",
+                               str(port)], cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+    client = CLIENT.with_name("stamp_http_client.py")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        recs = []
+        for r in range(RECORDINGS):
+            steno = tmp_path / f"http-{sdk}-{r}.steno"
+            rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", PY, str(client), url,
+                                  "3"], cwd=tmp_path, env=env, capture_output=True,
+                                 text=True, timeout=180)
+            assert rec.returncode == 0, rec.stderr[-2000:]
+            assert rec.stdout.splitlines()[0] == "tools ['stamp']", rec.stdout
+            recs.append((steno, rec.stdout))
+    finally:
+        server.kill()
+        server.wait(timeout=60)
+    from stenograph.recorder.trajfile import read_trajectory
+
+    for steno, out in recs:
+        events = read_trajectory(steno).events
+        intents = [e.body["target"] for e in events if e.kind == "ToolIntent"]
+        assert intents == ["mcp stamp/stamp"] * 3, intents  # one effect per call, no more
+        for _ in range(REPLAYS):
+            rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=180)
+            assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr[-3000:]
+            assert rep.stdout == out
+

@@ -35,6 +35,7 @@ import heapq
 import select
 import selectors
 import struct
+import threading
 import types
 import weakref
 from collections import deque
@@ -119,6 +120,11 @@ class LoopTape:
         self.side_timers: list[_SideTimer] = []
         self.plumb_tasks: weakref.WeakSet[Any] = weakref.WeakSet()
         self.prog_tasks: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.plumb_agens: dict[int, weakref.ref[Any]] = {}
+        """Async generators a hook started (their first step ran paused), by id."""
+        self.dying_plumbing: set[int] = set()
+        """Ids of those being destroyed now: a generator's weak references are cleared
+        just before its finalizer hook runs, in the same deallocation."""
         self.pending: list[tuple[tuple[int, int], int, asyncio.Future[None]]] = []  # a heap
         self.cancels: set[int] = set()  # futures replay cancels itself (ids)
         self.self_writes = [0, 0]  # program, plumbing writes to the self-pipe since a tick
@@ -159,6 +165,26 @@ class LoopTape:
             (self.plumb_tasks if p else self.prog_tasks).add(owner)
             return p
         return self.paused()
+
+    def adopt_agen(self, agen: Any) -> bool:
+        """Record: an async generator starts; a hook's (paused) is plumbing for life.
+        Whether it is."""
+        if not (self.record and self.paused()):
+            return False
+        key = id(agen)
+
+        def dying(_ref: Any, key: int = key) -> None:
+            self.plumb_agens.pop(key, None)
+            self.dying_plumbing.add(key)
+
+        self.plumb_agens[key] = weakref.ref(agen, dying)
+        return True
+
+    def closing_plumbing(self, agen: Any) -> bool:
+        """Is the async generator the garbage collector is closing now a hook's? Closed
+        by refcount in the program's code (the response it read is dropped), a
+        transport's generator is still plumbing: replay never had it."""
+        return self.record and id(agen) in self.dying_plumbing
 
     def register(self, fd: int) -> None:
         if self.paused():
@@ -253,6 +279,7 @@ class TapedSelector:
         if not sh.ok:
             return self._inner.select(timeout)
         lt.tick += 1
+        lt.dying_plumbing.clear()  # (each was closed in the deallocation that marked it)
         if lt.record:
             return self._select_record(timeout, sh)
         lt.resolve()
@@ -312,6 +339,8 @@ def install(selector_events: types.ModuleType) -> None:
     orig_call_soon = base_events.BaseEventLoop._call_soon
     orig_call_at = base_events.BaseEventLoop.call_at
     orig_write_to_self = cls._write_to_self
+    orig_firstiter = base_events.BaseEventLoop._asyncgen_firstiter_hook
+    orig_finalizer = base_events.BaseEventLoop._asyncgen_finalizer_hook
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig_init(self, *args, **kwargs)
@@ -350,18 +379,42 @@ def install(selector_events: types.ModuleType) -> None:
         timer._scheduled = True
         return timer
 
+    def _asyncgen_firstiter_hook(self: Any, agen: Any) -> None:
+        lt: LoopTape | None = getattr(self, "_steno", None)
+        if lt is not None and lt.adopt_agen(agen):
+            return  # not the loop's to close at shutdown: replay never has it
+        orig_firstiter(self, agen)
+
+    def _asyncgen_finalizer_hook(self: Any, agen: Any) -> None:
+        lt: LoopTape | None = getattr(self, "_steno", None)
+        if lt is not None and lt.closing_plumbing(agen):
+            with lt.tape.shim.paused():  # its aclose task and wake-up are plumbing
+                orig_finalizer(self, agen)
+            return
+        if lt is not None and threading.get_ident() == self._thread_id:
+            # on the loop's own thread the closing needs no wake-up of the selector: the
+            # task is ready before the loop next waits. (A wake-up would put the moment
+            # the collector dropped the generator -- which differs between a live
+            # response and a recorded one -- on the tape.)
+            self.call_soon(self.create_task, agen.aclose())
+            return
+        orig_finalizer(self, agen)
+
     def _write_to_self(self: Any) -> None:
         lt: LoopTape | None = getattr(self, "_steno", None)
         if lt is not None:
             lt.self_writes[1 if lt.paused() else 0] += 1
         orig_write_to_self(self)
 
-    for fn in (__init__, _call_soon, call_at, _write_to_self):
+    for fn in (__init__, _call_soon, call_at, _write_to_self, _asyncgen_firstiter_hook,
+               _asyncgen_finalizer_hook):
         fn._stenograph = True  # type: ignore[attr-defined]
     cls.__init__ = __init__
     base_events.BaseEventLoop._call_soon = _call_soon
     base_events.BaseEventLoop.call_at = call_at
     cls._write_to_self = _write_to_self
+    base_events.BaseEventLoop._asyncgen_firstiter_hook = _asyncgen_firstiter_hook
+    base_events.BaseEventLoop._asyncgen_finalizer_hook = _asyncgen_finalizer_hook
 
 
 # ------------------------------------------------------------------------ hooked calls

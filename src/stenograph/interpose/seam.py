@@ -25,6 +25,7 @@ suspension ended is recorded with the entry (``suspend``) and reproduced at repl
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import heapq
@@ -584,6 +585,13 @@ class _Source:
                              "response here")
         return None
 
+    def _left_waiting(self) -> bool:
+        """Replay: every recorded chunk was handed over, and the recording neither saw
+        the end nor an error: the program stopped waiting for the next one itself."""
+        rp = self.replayed
+        return (rp is not None and self.at >= len(rp.chunks) and not rp.complete
+                and rp.error is None)
+
     def _took(self, chunk: bytes, last: bool) -> None:
         body = self.body
         assert body is not None
@@ -678,6 +686,11 @@ class AsyncChunks(_Source):
             if self.eof:
                 return None
             if self.replayed is not None:
+                if taped and self._left_waiting():
+                    # the recorded program was still waiting for more when it stopped
+                    # (a stream it cancelled: an MCP session's GET): so does this one, until
+                    # it cancels the wait at the same point of its loop
+                    await asyncio.get_running_loop().create_future()
                 return self._replay_next()
             assert self.pull is not None and self.body is not None
             try:
