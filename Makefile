@@ -83,7 +83,7 @@ soak: $(STAMP)
 	STENO_KILL_TRIALS=100 $(BIN)/pytest -q tests/test_kill.py
 	STENO_THREAD_RUNS=3x10 $(BIN)/pytest -q tests/test_threads.py
 	STENO_ASYNC_RUNS=3x10 $(BIN)/pytest -q tests/test_asyncio_loop.py
-	STENO_MCP_RUNS=3x3 $(BIN)/pytest -q tests/test_mcp.py
+	STENO_MCP_RUNS=3x3 $(BIN)/pytest -q tests/test_mcp.py tests/test_mcp_effects.py
 	STENO_SOCKET_REPLAYS=10 $(BIN)/pytest -q tests/test_socket_tape.py
 	STENO_NET_CRASH_TRIALS=60 $(BIN)/pytest -q tests/test_net_effects.py -k crash_anywhere
 	STENO_PSQL_CRASH_TRIALS=30 $(BIN)/pytest -q tests/test_psql_effects.py -k crash_anywhere
