@@ -192,6 +192,35 @@ static int exec_ask(char *const argv[], int whole) {
 
 typedef int (*exec_fn)(const char *, char *const[], char *const[]);
 
+/* Programs that run with one more flag under record and replay alike (argv[1]): what it
+ * turns off is nondeterminism the shim cannot see, and the program's output does not
+ * depend on it. V8's background threads (concurrent compilation, parallel GC) finish at
+ * moments no blocking call marks, and the main thread then takes other paths. */
+static const struct { const char *prog, *flag; } NORMALIZE[] = {
+    {"node", "--single-threaded"},
+    {"nodejs", "--single-threaded"},
+};
+#define NORMALIZE_MAX_ARGS 1024
+
+/* argv with its program's normalizing flag inserted (into `out`), or argv itself. */
+static char *const *normalized_argv(const char *path, char *const argv[], char **out) {
+    const char *base = path;
+    for (const char *c = path; *c; c++)
+        if (*c == '/') base = c + 1;
+    const char *flag = NULL;
+    for (size_t i = 0; i < sizeof NORMALIZE / sizeof NORMALIZE[0]; i++)
+        if (strcmp(base, NORMALIZE[i].prog) == 0) flag = NORMALIZE[i].flag;
+    if (!flag || !SINCE(6) || !argv || !argv[0] || (argv[1] && strcmp(argv[1], flag) == 0))
+        return argv;
+    int n = 0;
+    while (argv[n]) n++;
+    if (n + 2 > NORMALIZE_MAX_ARGS) return argv;
+    out[0] = argv[0];
+    out[1] = (char *)flag;
+    for (int i = 1; i <= n; i++) out[i + 1] = argv[i];
+    return out;
+}
+
 /* exec with the shim's variables in the new image's environment, buffers shipped first. */
 static int exec_taped(exec_fn real, const char *file, char *const argv[], char *const envp[]) {
     /* A path search by execve (CPython's subprocess tries each PATH entry) fails without
@@ -207,9 +236,11 @@ static int exec_taped(exec_fn real, const char *file, char *const argv[], char *
     if (whole) whole_exec(path, argv, envp, asked == 1 && g_mode == MODE_RECORD);
     size_t ml = 0;
     char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
+    char *norm[NORMALIZE_MAX_ARGS];
+    char *const *args = viable ? normalized_argv(path, argv, norm) : argv;
     before_exec(!viable || (g_mode == MODE_RECORD && g_sockpath[0] && !T.guard));
     sig_exec_block();
-    int r = real(file, argv, env ? env : envp);
+    int r = real(file, args, env ? env : envp);
     int e = errno;
     sig_exec_failed();
     if (env) shim_unmap(env, ml);

@@ -7,11 +7,13 @@
 #ifndef STENO_SHIM_H
 #define STENO_SHIM_H
 
-#define STENO_PROTOCOL 5 /* 2: sched, meta, signal channels; pid, exit and interface ops; loop ticks
+#define STENO_PROTOCOL 6 /* 2: sched, meta, signal channels; pid, exit and interface ops; loop ticks
                           * 3: getpid is not taped per call (the procinfo record has it)
                           * 4: the net channel (connections outside the tree)
                           * 5: pipe marks through dup/fcntl and exec; statx via syscall();
-                          *    scheduler turns in runs of clock reads (OP_SCHED_SPIN) */
+                          *    scheduler turns in runs of clock reads (OP_SCHED_SPIN)
+                          * 6: node runs with --single-threaded (proc.c, NORMALIZE); every
+                          *    epoll wait's ready set is taped (OP_NET_EPOLL) */
 /* (the tape's bytes are unchanged by the shared rings below: how records travel to the
  * recorder is not part of what a recording holds) */
 

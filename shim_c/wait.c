@@ -255,9 +255,18 @@ EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
     return GATED(OP_SCHED_IO, !tv || tv->tv_sec || tv->tv_usec || T.gate_next, select_taped(nfds, r, w, x, tv));
 }
 
+/* Since protocol 6 every epoll wait is taped as one of a set holding a connection is
+ * (netio.c, OP_NET_EPOLL): which fds it found ready, in order, and replay waits for those
+ * in the live set and hands them back as recorded. A loop on an epoll set (node's libuv:
+ * its stdin pipe, the eventfd its thread pool signals) otherwise takes what is ready
+ * live at replay, and groups its callbacks otherwise. */
+static inline int epoll_taped_whole(int ep) {
+    return ACTIVE() && (SINCE(6) || (UNLIKELY(g_nregs) && nreg_has(ep)));
+}
+
 static int epoll_wait_taped(int ep, struct epoll_event *ev, int max, int timeout) {
     RESOLVE(epoll_wait);
-    if (UNLIKELY(g_nregs) && ACTIVE() && nreg_has(ep)) return net_epoll(ep, ev, max, timeout, NULL);
+    if (epoll_taped_whole(ep)) return net_epoll(ep, ev, max, timeout, NULL);
     if (!ACTIVE() || timeout <= 0) return real_epoll_wait(ep, ev, max, timeout);
     tls_t *t = me();
     epollargs_t args = {timeout, max};
@@ -278,7 +287,7 @@ EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout) {
 
 static int epoll_pwait_taped(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss) {
     RESOLVE(epoll_pwait);
-    if (UNLIKELY(g_nregs) && ACTIVE() && nreg_has(ep)) return net_epoll(ep, ev, max, timeout, ss);
+    if (epoll_taped_whole(ep)) return net_epoll(ep, ev, max, timeout, ss);
     if (!ACTIVE() || timeout <= 0) return real_epoll_pwait(ep, ev, max, timeout, ss);
     tls_t *t = me();
     epollargs_t args = {timeout, max};

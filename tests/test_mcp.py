@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pip_target import installed
+from pip_target import installed, npm_installed
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = sys.executable  # the venv: the client and server import mcp
@@ -182,4 +182,32 @@ def test_a_server_outside_the_tree_over_streamable_http_is_never_reached_by_a_re
                                  capture_output=True, text=True, timeout=180)
             assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr[-3000:]
             assert rep.stdout == out
+
+
+def test_the_reference_node_filesystem_server_replays_bit_for_bit(tmp_path: Path) -> None:
+    """``@modelcontextprotocol/server-filesystem`` from the npm registry, started with
+    ``node`` by the official Python client. V8's background threads (concurrent
+    compilation, parallel GC) finish at moments no blocking call marks: before node ran
+    with ``--single-threaded`` under the tape (``shim_c/proc.c``, ``NORMALIZE``), a third
+    of the recordings diverged in node's main thread at replay (a lazy compile where the
+    recording had found the function compiled)."""
+    prefix = npm_installed("npm-mcp-fs", "@modelcontextprotocol/server-filesystem")
+    server = prefix / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / \
+        "dist" / "index.js"
+    client = CLIENT.with_name("fs_client.py")
+    env = _env("mcp2")
+    (tmp_path / "a.txt").write_text("read by the node server\n")
+    for r in range(RECORDINGS + 1):
+        steno = tmp_path / f"fs-{r}.steno"
+        rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", PY, str(client),
+                              str(server)], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=180)
+        assert rec.returncode == 0, rec.stderr[-2000:]
+        assert "read by the node server" in rec.stdout, rec.stdout
+        for _ in range(REPLAYS):
+            rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=180)
+            report = "\n".join(ln for ln in rep.stderr.splitlines() if "where:" not in ln)
+            assert rep.returncode == 0 and "bit-identical" in rep.stderr, report[-3000:]
+            assert rep.stdout == rec.stdout
 

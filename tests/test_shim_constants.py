@@ -144,3 +144,17 @@ def test_replay_refuses_a_recording_of_another_shim_protocol(tmp_path: Path) -> 
     assert not tape_dir.exists(), "nothing may be prepared for a refused replay"
     p = subprocess.run([*cli, "replay", str(rec)], capture_output=True, timeout=60)
     assert p.returncode == 0, p.stderr
+
+
+def test_the_programs_run_with_a_normalizing_flag_are_the_same_in_c_and_python() -> None:
+    """``NORMALIZE`` in shim_c/proc.c (every exec in the tree) and its mirror in
+    ``runner/shim.py`` (the command stenograph starts) list the same programs and flags;
+    the flag goes right after the program, once, and not for an older protocol's tape."""
+    rows = re.findall(r'\{"(\w+)", "([^"]+)"\}', (SHIM_C / "proc.c").read_text())
+    assert rows and dict(rows) == shim.NORMALIZE
+    assert shim.normalized(["/usr/bin/node", "a.js"], None) == [
+        "/usr/bin/node", "--single-threaded", "a.js"]
+    assert shim.normalized(["node", "--single-threaded", "a.js"], None) == [
+        "node", "--single-threaded", "a.js"]
+    assert shim.normalized(["node", "a.js"], 5) == ["node", "a.js"]
+    assert shim.normalized(["python3", "a.py"], None) == ["python3", "a.py"]

@@ -40,6 +40,7 @@ from stenograph.runner.seal import (
     seal_roots,
     why_pipe,
 )
+from stenograph.runner.shim import normalized
 
 ADDR_NO_RANDOMIZE = 0x0040000
 
@@ -106,6 +107,16 @@ def _aslr_off_for_children() -> Iterator[None]:
             yield
         finally:
             personality(old)
+
+
+def _tape_protocol(env: Mapping[str, str]) -> int | None:
+    """The protocol of the tape being replayed when older than this shim's (``TAPE/
+    protocol``, written by ``prepare_tape``), else None."""
+    tape = env.get("STENO_TAPE")
+    try:
+        return int((Path(tape) / "protocol").read_text()) if tape else None
+    except (OSError, ValueError):
+        return None
 
 
 def resolve_program(argv: Sequence[str], env: Mapping[str, str]) -> str:
@@ -323,7 +334,7 @@ def run_under_shim(
     stderr lengths whose prefixes to hash too (``OutputDigest``). ``stop_on``: the
     replay's divergence file (see ``wait_unless_diverged``)."""
     prog = resolve_program(argv, env)
-    args = [prog, *argv[1:]]
+    args = normalized([prog, *argv[1:]], _tape_protocol(env))
     if check_dynamic(prog):  # static: under a shell whose exec of it the shim takes whole
         args, prog = [*WHOLE_CARRIER, *args], WHOLE_CARRIER[0]
     if stop_on is not None:

@@ -14,16 +14,33 @@ from pathlib import Path
 
 from stenograph.recorder.errors import BadInput
 
-PROTOCOL = 5
+PROTOCOL = 6
 """Wire/tape protocol version; must match STENO_PROTOCOL in shim_c/steno_shim.h."""
 
-READS = frozenset({2, 3, 4, 5})
+READS = frozenset({2, 3, 4, 5, 6})
+
+NORMALIZE: dict[str, str] = {"node": "--single-threaded", "nodejs": "--single-threaded"}
+"""Programs run with one more flag under record and replay (argv[1]); mirrors
+``NORMALIZE`` in shim_c/proc.c, which applies it to every exec in the tree (this one is
+for the command stenograph itself starts). Since protocol 6."""
+
+
+def normalized(argv: list[str], tape_protocol: int | None) -> list[str]:
+    """``argv`` with its program's normalizing flag (``NORMALIZE``), unless a tape of an
+    older protocol is replayed (its program ran without it)."""
+    flag = NORMALIZE.get(Path(argv[0]).name) if argv else None
+    if flag is None or (tape_protocol is not None and tape_protocol < 6) or (
+            len(argv) > 1 and argv[1] == flag):
+        return argv
+    return [argv[0], flag, *argv[1:]]
+
 """The protocols whose tapes this shim replays: a protocol-2 tape is made one of this
 protocol when it is prepared (``recorder.tape.prepare_tape``: its per-call ``getpid``
 records are dropped); a protocol-3 tape has no net channel, so its connections run live
 (and a sealed replay refuses them); a protocol-4 tape is replayed with that protocol's
 reach (``TAPE/protocol``: the shim does not follow pipes through ``dup`` and ``exec`` nor
-tape ``statx`` through ``syscall()`` for it)."""
+tape ``statx`` through ``syscall()`` for it); a protocol-5 tape's node processes ran
+without ``--single-threaded``, and are replayed so."""
 
 
 def readable(recorded_shim: object) -> int | None:
