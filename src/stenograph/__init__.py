@@ -3,6 +3,10 @@
 ``stenograph.model`` and ``stenograph.tool`` wrap callables so their calls are
 recorded and replayed (see ``stenograph.interpose.calls``); they are imported on
 first use, so ``import stenograph`` stays cheap for the CLI.
+
+PYTEST_DONT_REWRITE: under ``stenograph record`` the hooks import this package before
+pytest loads the plugin its ``pytest11`` entry point registers, and pytest would warn
+that it cannot rewrite an imported module -- a warning the program never prints natively.
 """
 
 from stenograph.version import __version__
