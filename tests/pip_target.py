@@ -15,23 +15,32 @@ from pathlib import Path
 import pytest
 
 
-def installed(name: str, requirement: str, module: str) -> Path:
-    """``.venv/<name>`` holding ``requirement`` (its import package ``module``)."""
-    target = Path(sys.prefix) / name
-    if (target / module).is_dir():
-        return target
+def _into_place(target: Path, done: Path, argv: list[str], what: str) -> Path:
+    """Run the installer ``argv`` into a fresh directory beside ``target`` (``{tmp}`` in
+    argv), check ``done`` (relative) is there, and rename it into place; skip the test
+    when it cannot."""
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                        "--disable-pip-version-check", "--target", str(tmp), requirement],
-                       capture_output=True, text=True, timeout=600)
-    if p.returncode != 0 or not (tmp / module).is_dir():
+    tmp.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run([a.replace("{tmp}", str(tmp)) for a in argv], capture_output=True,
+                       text=True, timeout=600)
+    if p.returncode != 0 or not (tmp / done).is_dir():
         shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(f"cannot install {requirement}: {p.stderr.strip()[-300:]}")
+        pytest.skip(f"cannot install {what}: {p.stderr.strip()[-300:]}")
     try:
         tmp.rename(target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # another run got there first
     return target
+
+
+def installed(name: str, requirement: str, module: str) -> Path:
+    """``.venv/<name>`` holding ``requirement`` (its import package ``module``)."""
+    target = Path(sys.prefix) / name
+    if (target / module).is_dir():
+        return target
+    return _into_place(target, Path(module), [
+        sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+        "--target", "{tmp}", requirement], requirement)
 
 
 def npm_installed(name: str, package: str) -> Path:
@@ -43,17 +52,6 @@ def npm_installed(name: str, package: str) -> Path:
         return target
     if not shutil.which("npm") or not shutil.which("node"):
         pytest.skip("node and npm are not installed")
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run(["npm", "install", "--prefix", str(tmp), "--no-audit", "--no-fund",
-                        "--loglevel=error", package], capture_output=True, text=True,
-                       timeout=600)
-    if p.returncode != 0 or not (tmp / "node_modules" / package).is_dir():
-        shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(f"cannot install {package} from npm: {p.stderr.strip()[-300:]}")
-    try:
-        tmp.rename(target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # another run got there first
-    return target
-
+    return _into_place(target, Path("node_modules") / package, [
+        "npm", "install", "--prefix", "{tmp}", "--no-audit", "--no-fund",
+        "--loglevel=error", package], f"{package} from npm")

@@ -15,6 +15,7 @@ for another; a key the program set is kept and recorded) and
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from functools import lru_cache
@@ -59,9 +60,9 @@ def mcp_traffic(headers: Sequence[tuple[str, str]], body: bytes) -> bool:
     mcp_headers = any(k.lower().startswith("mcp-") for k, _ in headers)
     if not body:
         return mcp_headers
+    if b'"jsonrpc"' not in body[:4096]:  # (an upload is not parsed to find out)
+        return False
     try:
-        import json
-
         doc = json.loads(body)
     except ValueError:
         return False

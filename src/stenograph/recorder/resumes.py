@@ -198,15 +198,8 @@ def settled_entry(intent: dict[str, Any], result: Any) -> dict[str, Any]:
     base = {"proc": proc, "channel": channel, "pos": pos,
             "fingerprint": intent.get("fingerprint"), "settled_by_person": True}
     target = str(intent.get("target", ""))
-    if target.startswith("mcp "):  # interpose/mcp_client.py builds the tool's answer
-        name = target[4:]
-        return {**base, "call_id": f"{name}#{pos}",
-                "request": {"method": "CALL", "url": f"{channel}:{name}", "headers": [],
-                            "body": intent.get("body") if isinstance(intent.get("body"), bytes)
-                            else b""},
-                "result": result, "error": None}
-    if target.startswith("tool "):
-        name = target[5:]
+    kind, _, name = target.partition(" ")
+    if kind in ("tool", "mcp"):  # a tool's result as is (mcp_client builds its answer)
         return {**base, "call_id": f"{name}#{pos}",
                 "request": {"method": "CALL", "url": f"{channel}:{name}", "headers": [],
                             "body": intent.get("body") if isinstance(intent.get("body"), bytes)
