@@ -467,6 +467,11 @@ static uint32_t net_epoll_others(int ep, const unsigned char *p, uint32_t n, con
     }
     struct epoll_event got[64];
     for (int tries = 0; left && tries < 1000; tries++) { /* 10 s at most: a divergence */
+        /* a resume that went live meanwhile: the write that makes them ready may be a
+         * live thread's, past its prefix (an eventfd the main thread signals after its
+         * cut); the recorded events are handed back, the fds read as they are */
+        if (UNLIKELY(g_resume) && __atomic_load_n(&g_mode, __ATOMIC_SEQ_CST) == MODE_RECORD)
+            return 0;
         long r = RS6(SYS_epoll_pwait, ep, got, 64, 10, ss, 8);
         for (long i = 0; i < r; i++)
             for (uint32_t j = 0; j < left; j++)
