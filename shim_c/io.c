@@ -1,5 +1,7 @@
 /* Channel io: the shape of I/O on pipes and socketpairs the process made itself
- * (pipe*, socketpair, followed through dup2/dup3, dropped at close), and waitpid(WNOHANG).
+ * (pipe*, socketpair, followed through dup2/dup3, dropped at close), on connections
+ * between processes of the tree (since protocol 7: a connect to the tree's own address,
+ * an accepted connection), and waitpid(WNOHANG).
  *
  * How many bytes each read() of a pipe returns, and which fds a poll() finds ready,
  * depend on when the peer process wrote: a parent draining a child's output in a
@@ -9,11 +11,6 @@
  * is replayed too, so the same bytes do come) until the recorded shape holds. */
 
 static uint64_t g_pfd[16];
-
-/* The protocol of the tape being replayed (TAPE/protocol; this shim's own when recording):
- * what a newer shim tapes that an older recording did not is left as that shim left it. */
-static int g_tape_proto = STENO_PROTOCOL;
-#define SINCE(v) (g_tape_proto >= (v))
 
 static inline int pfd_is(int fd) {
     return (unsigned)fd < 1024 && (__atomic_load_n(&g_pfd[fd >> 6], __ATOMIC_RELAXED) >> (fd & 63) & 1);
@@ -168,20 +165,22 @@ typedef struct { int32_t options, result, status; } iowait_t;
 _Static_assert(sizeof(ioread_t) == 8, "OP_IO_READ payload: u32 asked | i32 result");
 _Static_assert(sizeof(iowait_t) == 12, "OP_IO_WAIT payload: i32 options | i32 result | i32 status");
 
-static ssize_t io_read(int fd, void *buf, size_t n) {
+/* read() (flags -1), or recv() with `flags` (0 or MSG_DONTWAIT) of a tree socket. */
+static ssize_t io_read(int fd, void *buf, size_t n, int flags) {
     tls_t *t = me();
     uint32_t asked = n > 0x7fffffff ? 0x7fffffff : (uint32_t)n;
     served_t s;
     long r;
     switch (tape_step(t, CH_IO, OP_IO_READ, &asked, 4, &s)) {
     case STEP_RECORD: {
-        r = RS3(SYS_read, fd, buf, n);
+        r = flags < 0 ? RS3(SYS_read, fd, buf, n) : RS6(SYS_recvfrom, fd, buf, n, flags, 0, 0);
         ioread_t out = {asked, (int32_t)r};
         rec(t, CH_IO, OP_IO_READ, &out, sizeof out);
         return sys_ret(r);
     }
     case STEP_LIVE:
-        return sys_ret(RS3(SYS_read, fd, buf, n));
+        return sys_ret(flags < 0 ? RS3(SYS_read, fd, buf, n)
+                                 : RS6(SYS_recvfrom, fd, buf, n, flags, 0, 0));
     case STEP_SERVED:
         break;
     }
@@ -386,7 +385,7 @@ EXPORT int waitid(idtype_t idtype, id_t id, siginfo_t *info, int options) {
 
 EXPORT ssize_t read(int fd, void *buf, size_t n) {
     if (UNLIKELY(rfd_is(fd)) && ACTIVE()) return entropy(CALL_SITE(), OP_RANDOM_READ, buf, n, 0, fd);
-    if (UNLIKELY(pfd_is(fd)) && ACTIVE()) return GATED(OP_SCHED_IO, 1, io_read(fd, buf, n));
+    if (UNLIKELY(pfd_is(fd)) && ACTIVE()) return GATED(OP_SCHED_IO, 1, io_read(fd, buf, n, -1));
     if (NET_ON(fd)) return GATED(OP_SCHED_IO, may_block(fd, 0), net_recv1(fd, buf, n, 0, NULL, NULL));
     RESOLVE(read);
     return real_read(fd, buf, n);

@@ -145,11 +145,128 @@ static void net_report(tls_t *t, int fd, const char *recorded, const char *asked
 
 /* ------------------------------------------------------------------ connect */
 
+/* A connection to the tree's own address stays live at both ends, but whether it was
+ * made is taped (OP_NET_LOCAL, since protocol 7): an agent that polls its server's port
+ * until the server listens is refused as often at replay as it was at record, and a
+ * connect the recording made waits at replay for the server to listen. A non-blocking
+ * connect is resolved before it returns (loopback answers at once), so a refusal is
+ * the connect's own result, as Linux may give it, never a later SO_ERROR. */
+typedef struct {
+    int32_t result;    /* what connect returned: 0, -EINPROGRESS (connected), -errno */
+    uint32_t resolved; /* 0: an -EINPROGRESS that did not settle in LOCAL_WAIT_MS */
+    uint32_t lport;    /* the port the kernel gave this end (a server logs its peer's) */
+} netlocal_t;
+
+#define LOCAL_WAIT_MS 5000
+
+static int32_t local_settle(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    if (RS3(SYS_poll, &p, 1, LOCAL_WAIT_MS) != 1) return -EINPROGRESS;
+    int err = 0;
+    socklen_t el = sizeof err;
+    RS6(SYS_getsockopt, fd, SOL_SOCKET, SO_ERROR, &err, &el, 0);
+    return err ? -err : 0;
+}
+
+static uint32_t local_port(int fd) {
+    struct sockaddr_storage me;
+    socklen_t ml = sizeof me;
+    if (is_err(RS3(SYS_getsockname, fd, &me, &ml))) return 0;
+    if (me.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&me)->sin_port);
+    if (me.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&me)->sin6_port);
+    return 0;
+}
+
+static netlocal_t local_record(int fd, const struct sockaddr *sa, socklen_t len) {
+    uint32_t bound = local_port(fd); /* the program bound it itself: nothing to repeat */
+    netlocal_t l = {(int32_t)RS3(SYS_connect, fd, sa, len), 1, 0};
+    if (l.result == -EINPROGRESS) {
+        int32_t e = local_settle(fd);
+        if (e == -EINPROGRESS) l.resolved = 0;
+        else if (e) l.result = e;
+    }
+    if (!bound && (l.result == 0 || l.result == -EINPROGRESS)) l.lport = local_port(fd);
+    return l;
+}
+
+/* Replay: this end takes the recorded port again (so the server logs the recorded peer),
+ * if the kernel lets it; else a fresh socket in the fd's place takes what it is given. */
+static void local_bind(int fd, const struct sockaddr *sa, uint32_t port) {
+    struct sockaddr_storage me;
+    memset(&me, 0, sizeof me);
+    me.ss_family = sa->sa_family;
+    socklen_t ml;
+    if (sa->sa_family == AF_INET) {
+        ((struct sockaddr_in *)&me)->sin_port = htons((uint16_t)port);
+        ml = sizeof(struct sockaddr_in);
+    } else if (sa->sa_family == AF_INET6) {
+        ((struct sockaddr_in6 *)&me)->sin6_port = htons((uint16_t)port);
+        ml = sizeof(struct sockaddr_in6);
+    } else {
+        return;
+    }
+    int on = 1, off = 0;
+    RS6(SYS_setsockopt, fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on, 0);
+    RS3(SYS_bind, fd, &me, ml);
+    RS6(SYS_setsockopt, fd, SOL_SOCKET, SO_REUSEADDR, &off, sizeof off, 0);
+}
+
+static int local_fresh(int fd, int family) {
+    long fl = RS2(SYS_fcntl, fd, F_GETFL), fdf = RS2(SYS_fcntl, fd, F_GETFD);
+    long ns = RS3(SYS_socket, family, sock_type(fd), 0);
+    if (is_err(ns)) return 0;
+    RS3(SYS_dup3, ns, fd, (!is_err(fdf) && (fdf & FD_CLOEXEC)) ? O_CLOEXEC : 0);
+    RS1(SYS_close, ns);
+    if (!is_err(fl)) RS3(SYS_fcntl, fd, F_SETFL, fl);
+    return 1;
+}
+
+/* Replay of a local connect the recording made: again until the server listens (it is
+ * replayed too, and may not have got there yet). */
+static int32_t local_replay(int fd, const struct sockaddr *sa, socklen_t len,
+                            const netlocal_t *l) {
+    if (l->result && l->result != -EINPROGRESS) return l->result; /* refused: not asked */
+    if (!l->resolved) return (int32_t)RS3(SYS_connect, fd, sa, len);
+    if (l->lport) local_bind(fd, sa, l->lport);
+    long r = 0;
+    for (int i = 0; i < LOCAL_WAIT_MS; i++) { /* 10 ms apart: 50 s at most */
+        r = RS3(SYS_connect, fd, sa, len);
+        if (r == -EINPROGRESS || r == -EALREADY) r = local_settle(fd);
+        if (r == 0 || r == -EISCONN) return l->result;
+        if ((r == -EADDRNOTAVAIL || r == -EADDRINUSE) && local_fresh(fd, sa->sa_family))
+            continue;
+        if (r != -ECONNREFUSED && r != -ECONNABORTED && r != -ENOENT && r != -EAGAIN) break;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        RS3(SYS_nanosleep, &ts, 0, 0);
+    }
+    return (int32_t)r;
+}
+
+static inline void pfd_set(int fd, int on); /* io.c */
+
+/* A stream connected to the tree's own address: its receives are shaped (io.c). */
+static void local_mark(int fd, int32_t result) {
+    if ((result == 0 || result == -EINPROGRESS) && sock_type(fd) == SOCK_STREAM)
+        pfd_set(fd, 1);
+}
+
 static int net_connect(int fd, const struct sockaddr *sa, socklen_t len) {
     netaddr_t a;
     uint32_t an = (unsigned)fd < NET_FDS ? net_addr(sa, len, &a) : 0;
     if (!an || !ACTIVE()) return (int)sys_ret(RS3(SYS_connect, fd, sa, len));
     tls_t *t = me();
+    if (g_mode != MODE_RECORD && !nfd_is(fd) &&
+        tape_peek(t, CH_NET, OP_NET_LOCAL, &a, an) == 1) {
+        served_t s;
+        netlocal_t l;
+        if (tape_step(t, CH_NET, OP_NET_LOCAL, &a, an, &s) != STEP_SERVED ||
+            s.n < an + sizeof l)
+            return (int)sys_ret(RS3(SYS_connect, fd, sa, len));
+        memcpy(&l, s.p + an, sizeof l);
+        int32_t r = local_replay(fd, sa, len, &l);
+        local_mark(fd, r);
+        return (int)sys_ret(r);
+    }
     if (g_mode != MODE_RECORD && !nfd_is(fd)) {
         /* taped if the recording taped it: a connect it did not tape went to the tree
          * (live; the seccomp filter refuses one that goes anywhere else) */
@@ -161,8 +278,13 @@ static int net_connect(int fd, const struct sockaddr *sa, socklen_t len) {
     int32_t res;
     switch (tape_step(t, CH_NET, OP_NET_CONNECT, &a, an, &s)) {
     case STEP_RECORD:
-        if (!nfd_is(fd) && net_tree(sa, len, sock_type(fd)))
-            return (int)sys_ret(RS3(SYS_connect, fd, sa, len)); /* the tree's own: live */
+        if (!nfd_is(fd) && net_tree(sa, len, sock_type(fd))) { /* the tree's own: live */
+            if (!SINCE(7)) return (int)sys_ret(RS3(SYS_connect, fd, sa, len));
+            netlocal_t l = local_record(fd, sa, len);
+            rec2(t, CH_NET, OP_NET_LOCAL, &a, an, &l, sizeof l);
+            local_mark(fd, l.result);
+            return (int)sys_ret(l.result);
+        }
         res = (int32_t)RS3(SYS_connect, fd, sa, len);
         rec2(t, CH_NET, OP_NET_CONNECT, &a, an, &res, 4);
         /* intent before effect: the connection is durable on the tape before a byte goes

@@ -257,8 +257,19 @@ static ssize_t net_recv1(int fd, void *buf, size_t n, int flags, struct sockaddr
 /* Socket waits of program code (a server thread's accept, a recv on a socketpair between
  * threads, a taped connection's receive) hand the scheduler's baton on while they can
  * block (sched.c, may_block); the Python hooks' own socket calls run paused. */
+static inline int pfd_is(int fd);                             /* io.c */
+static inline void pfd_set(int fd, int on);                   /* io.c */
+static ssize_t io_read(int fd, void *buf, size_t n, int flags); /* io.c */
+static void io_wait(int fd, short events, short want);          /* io.c */
+
+/* A receive of a connection between processes of the tree is shaped as a pipe's read is
+ * (io.c): how many bytes it got depends on when the peer wrote. */
+#define TREE_RECV(fd, flags, sa) \
+    (UNLIKELY(pfd_is(fd)) && ACTIVE() && !(sa) && ((flags) & ~MSG_DONTWAIT) == 0)
+
 EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *sa,
                         socklen_t *sl) {
+    if (TREE_RECV(fd, flags, sa)) return GATED(OP_SCHED_IO, 1, io_read(fd, buf, n, flags));
     if (NET_ON(fd))
         return GATED(OP_SCHED_IO, may_block(fd, flags), net_recv1(fd, buf, n, flags, sa, sl));
     return GATED(OP_SCHED_IO, may_block(fd, flags),
@@ -282,9 +293,42 @@ EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt) {
     RESOLVE(readv);
     return real_readv(fd, iov, cnt);
 }
+/* An accepted connection's peer is a process of the tree (one outside it never connects
+ * at replay): its receives are shaped (TREE_RECV). */
+/* Whether an accept found a connection waiting is timing (asyncio accepts until EAGAIN
+ * on each wake-up): taped as a pipe read's size is (OP_IO_ACCEPT, since protocol 7); a
+ * replay gives the recorded EAGAIN without looking, or waits for the connection. */
+static long accept_shaped(int fd, struct sockaddr *sa, socklen_t *sl, int flags) {
+    if (!ACTIVE() || !SINCE(7)) return RS4(SYS_accept4, fd, sa, sl, flags);
+    tls_t *t = me();
+    served_t s;
+    int32_t r;
+    switch (tape_step(t, CH_IO, OP_IO_ACCEPT, NULL, 0, &s)) {
+    case STEP_RECORD:
+        r = (int32_t)RS4(SYS_accept4, fd, sa, sl, flags);
+        int32_t got = r < 0 ? r : 0;
+        rec(t, CH_IO, OP_IO_ACCEPT, &got, 4);
+        return r;
+    case STEP_LIVE:
+        return RS4(SYS_accept4, fd, sa, sl, flags);
+    case STEP_SERVED:
+        break;
+    }
+    memcpy(&r, s.p, 4);
+    if (s.n < 4 || r < 0) return s.n < 4 ? -EAGAIN : r;
+    for (;;) {
+        long k = RS4(SYS_accept4, fd, sa, sl, flags);
+        if (k == -EAGAIN) { io_wait(fd, POLLIN, POLLIN); continue; }
+        if (k != -EINTR) return k;
+    }
+}
+
 EXPORT int accept4(int fd, struct sockaddr *sa, socklen_t *sl, int flags) {
-    int r = (int)GATED(OP_SCHED_IO, may_block(fd, 0), sys_ret(RS4(SYS_accept4, fd, sa, sl, flags)));
-    if (r >= 0) nfd_clear(r);
+    int r = (int)GATED(OP_SCHED_IO, may_block(fd, 0), sys_ret(accept_shaped(fd, sa, sl, flags)));
+    if (r >= 0) {
+        nfd_clear(r);
+        pfd_set(r, g_mode && SINCE(7) && sock_type(r) == SOCK_STREAM);
+    }
     return r;
 }
 EXPORT int accept(int fd, struct sockaddr *sa, socklen_t *sl) { return accept4(fd, sa, sl, 0); }
@@ -564,7 +608,71 @@ EXPORT int socket(int dom, int type, int proto) {
 
 static void net_note_bind(int fd); /* seccomp.c: a bound address is the tree's own */
 
+/* An IPv4/IPv6 bind to port 0: the port the kernel chose is taped (OP_NET_BIND, since
+ * protocol 7) and a replay binds that one, so the port a program finds for its server
+ * (and passes to it, prints, puts in URLs) is the recorded one. The recorded run's
+ * connections may still hold it in TIME_WAIT for a minute: record binds with
+ * SO_REUSEADDR on (which changes nothing for a port the kernel picks, and is inherited
+ * by the connections the socket accepts), so the replay's bind, with it on too, may
+ * take the port again. One another process holds is reported. */
+static int bind_port0(const struct sockaddr *sa, socklen_t len) {
+    if (!sa || !ACTIVE()) return 0;
+    if (sa->sa_family == AF_INET && len >= sizeof(struct sockaddr_in))
+        return ((const struct sockaddr_in *)sa)->sin_port == 0;
+    if (sa->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6))
+        return ((const struct sockaddr_in6 *)sa)->sin6_port == 0;
+    return 0;
+}
+
+static long bind_recorded(int fd, const struct sockaddr *sa, socklen_t len, uint16_t port) {
+    struct sockaddr_storage ss;
+    memcpy(&ss, sa, len < sizeof ss ? len : sizeof ss);
+    if (sa->sa_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = htons(port);
+    else ((struct sockaddr_in6 *)&ss)->sin6_port = htons(port);
+    int on = 1; /* as record left it */
+    RS6(SYS_setsockopt, fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on, 0);
+    return RS3(SYS_bind, fd, &ss, len);
+}
+
 EXPORT int bind(int fd, const struct sockaddr *sa, socklen_t len) {
+    if (SINCE(7) && bind_port0(sa, len)) {
+        tls_t *t = me();
+        uint32_t fam = sa->sa_family;
+        served_t s;
+        struct { int32_t result; uint32_t port; } b;
+        switch (tape_step(t, CH_NET, OP_NET_BIND, &fam, 4, &s)) {
+        case STEP_RECORD: {
+            int on = 1;
+            RS6(SYS_setsockopt, fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on, 0);
+            b.result = (int32_t)RS3(SYS_bind, fd, sa, len);
+            b.port = 0;
+            if (b.result == 0) {
+                struct sockaddr_storage got;
+                socklen_t gl = sizeof got;
+                if (!is_err(RS3(SYS_getsockname, fd, &got, &gl)))
+                    b.port = ntohs(got.ss_family == AF_INET
+                                       ? ((struct sockaddr_in *)&got)->sin_port
+                                       : ((struct sockaddr_in6 *)&got)->sin6_port);
+                net_note_bind(fd);
+            }
+            rec2(t, CH_NET, OP_NET_BIND, &fam, 4, &b, sizeof b);
+            return (int)sys_ret(b.result);
+        }
+        case STEP_SERVED:
+            if (s.n >= 4 + sizeof b) {
+                memcpy(&b, s.p + 4, sizeof b);
+                if (b.result || !b.port) return (int)sys_ret(b.result);
+                long r = bind_recorded(fd, sa, len, (uint16_t)b.port);
+                if (r == 0) return 0;
+                char rec_[48], *q = s_put(rec_, rec_ + 40, "bind to port ");
+                *u_put(q, rec_ + 47, b.port) = 0;
+                net_report(t, -1, rec_, "the port is in use by a process outside the replay");
+            }
+            break;
+        case STEP_LIVE:
+            break;
+        }
+    }
     long r = RS3(SYS_bind, fd, sa, len);
     if (r == 0 && g_mode == MODE_RECORD) net_note_bind(fd);
     return (int)sys_ret(r);

@@ -80,3 +80,42 @@ EXPORT int steno_wait_fds(const int *fds, const short *events, int n) {
     if (gated) sched_take(&T, OP_SCHED_IO, 0);
     return 0;
 }
+
+/* Is `host`:`port` a server of the recorded tree (an address a process of the tree bound:
+ * seccomp.c, net_tree)? The HTTP hooks ask before they intercept a request: one to the
+ * tree's own server is the program's conversation with itself and goes to the socket
+ * level, live at both ends. The answer is taped (OP_NET_PEER), since whether the server
+ * had bound yet is timing: replay hooks the same requests record did. `host` is an IP
+ * literal or "localhost" (both loopbacks); anything else is not the tree's. */
+EXPORT int steno_tree_peer(const char *host, int port) {
+    if (!g_mode || !host || port <= 0 || port > 65535) return 0;
+    struct {
+        uint32_t port;
+        char host[64];
+    } a = {(uint32_t)port, {0}};
+    size_t hn = s_len(host);
+    if (hn >= sizeof a.host) return 0;
+    memcpy(a.host, host, hn);
+    struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_in6 in6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port)};
+    int v4 = inet_pton(AF_INET, host, &in.sin_addr) == 1;
+    int v6 = !v4 && inet_pton(AF_INET6, host, &in6.sin6_addr) == 1;
+    if (!v4 && !v6 && strcmp(host, "localhost")) return 0;
+    if (!v4 && !v6) {
+        in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        in6.sin6_addr = in6addr_loopback;
+    }
+    int32_t yes = 0;
+    uint32_t an = 4 + (uint32_t)hn;
+    served_t s;
+    step_t step = ACTIVE() && SINCE(7) ? tape_step(me(), CH_NET, OP_NET_PEER, &a, an, &s)
+                                       : STEP_LIVE;
+    if (step == STEP_SERVED) {
+        if (s.n >= an + 4) memcpy(&yes, s.p + an, 4);
+        return yes;
+    }
+    yes = (!v6 && net_tree((const struct sockaddr *)&in, sizeof in, SOCK_STREAM)) ||
+          (!v4 && net_tree((const struct sockaddr *)&in6, sizeof in6, SOCK_STREAM));
+    if (step == STEP_RECORD) rec2(me(), CH_NET, OP_NET_PEER, &a, an, &yes, 4);
+    return yes;
+}

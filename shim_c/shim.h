@@ -122,6 +122,10 @@ static int g_drift = 1; /* STENO_DRIFT=0: replay does not read live directories 
  * g_virt: the pids the program sees are the recorded ones (replay, and after going live). */
 static int g_resume;
 static int g_virt;
+/* The protocol of the tape being replayed (TAPE/protocol; this shim's own when recording):
+ * what a newer shim tapes that an older recording did not is left as that shim left it. */
+static int g_tape_proto = STENO_PROTOCOL;
+#define SINCE(v) (g_tape_proto >= (v))
 /* Seccomp filters already on this process tree (inherited across fork and exec, never
  * removable): "n" once the network rule is in, "t<lo>-<hi>" per trapped text range.
  * Travels to exec'd / spawned children as STENO_FILT. */

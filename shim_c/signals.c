@@ -242,6 +242,17 @@ static int sent_by_tree(pid_t pid) {
     return 0;
 }
 
+/* Does `sig`'s default action end the process? */
+static int sig_kills(int sig) {
+    switch (sig) {
+    case SIGCHLD: case SIGCONT: case SIGURG: case SIGWINCH:
+    case SIGSTOP: case SIGTSTP: case SIGTTIN: case SIGTTOU:
+        return 0;
+    default:
+        return 1;
+    }
+}
+
 static void sig_front(int sig, siginfo_t *si, void *uc) {
     int e = errno;
     if ((unsigned)sig > 64) return;
@@ -280,6 +291,10 @@ static void sig_front(int sig, siginfo_t *si, void *uc) {
             errno = e;
             return;
         }
+        if (g_mode == MODE_REPLAY && g_sig[sig].fn == (void *)SIG_DFL && si &&
+            si->si_pid == (pid_t)RS0(SYS_getpid) && sig_kills(sig) && !recorded_exit())
+            die_as_recorded(sig); /* raised itself with the default action (uvicorn re-raises
+                                   * the SIGTERM it shut down for): the recorded death */
         if (!t->guard && sig_due(t) == sig)
             sig_replay_point(t, uc ? &((ucontext_t *)uc)->uc_sigmask : NULL, 1);
     } else {

@@ -7,13 +7,17 @@
 #ifndef STENO_SHIM_H
 #define STENO_SHIM_H
 
-#define STENO_PROTOCOL 6 /* 2: sched, meta, signal channels; pid, exit and interface ops; loop ticks
+#define STENO_PROTOCOL 7 /* 2: sched, meta, signal channels; pid, exit and interface ops; loop ticks
                           * 3: getpid is not taped per call (the procinfo record has it)
                           * 4: the net channel (connections outside the tree)
                           * 5: pipe marks through dup/fcntl and exec; statx via syscall();
                           *    scheduler turns in runs of clock reads (OP_SCHED_SPIN)
                           * 6: node runs with --single-threaded (proc.c, NORMALIZE); every
-                          *    epoll wait's ready set is taped (OP_NET_EPOLL) */
+                          *    epoll wait's ready set is taped (OP_NET_EPOLL)
+                          * 7: a connect to the tree's own address is taped (OP_NET_LOCAL), its
+                          *    receives and accepts are shaped (OP_IO_READ, OP_IO_ACCEPT),
+                          *    the port a bind to port 0 got (OP_NET_BIND), and the HTTP hooks'
+                          *    question whether a server is the tree's own (OP_NET_PEER) */
 /* (the tape's bytes are unchanged by the shared rings below: how records travel to the
  * recorder is not part of what a recording holds) */
 
@@ -131,6 +135,7 @@
 #define OP_IO_READ 1 /* u32 asked | i32 result (bytes, or -errno) */
 #define OP_IO_POLL 2 /* i32 timeout_ms | u32 nfds | nfds x i16 events | i32 result | nfds x i16 revents */
 #define OP_IO_WAIT 3 /* i32 options | i32 result (0 running, >0 reaped, -errno) | i32 status */
+#define OP_IO_ACCEPT 7 /* i32 result (0 a connection, or -errno: EAGAIN...): since protocol 7 */
 /* a child the shim cannot see into (static, another loader), recorded whole (whole.c) */
 #define OP_WHOLE_EXEC 4 /* argv strings, each with its NUL (checked) */
 #define OP_WHOLE_OUT 5  /* u32 fd (1 stdout, 2 stderr) | the bytes, as they came */
@@ -174,6 +179,13 @@
 #define OP_NET_EPOLL 5   /* i32 timeout_ms | i32 maxevents | i32 result | u32 n | n x (u32 conn
                           * (~0: another fd) | u32 events | u64 data): a wait of an epoll set
                           * holding connections, every event it returned */
+#define OP_NET_LOCAL 6   /* OP_NET_CONNECT's address | i32 result | u32 resolved | u32 this
+                          * end's port: a connect to
+                          * an address the tree bound; it stays live (net.c, local_replay) */
+#define OP_NET_BIND 7    /* u32 family | i32 result | u32 port: a bind to port 0 and the port the
+                          * kernel chose; replay binds that port (netio.c) */
+#define OP_NET_PEER 8    /* u32 port | host[n] | i32 yes: did the tree bind host:port, as the
+                          * HTTP hooks asked it (pyctl.c, steno_tree_peer) */
 
 #define DIVERGENCE_EXIT 86
 

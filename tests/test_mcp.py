@@ -184,6 +184,35 @@ def test_a_server_outside_the_tree_over_streamable_http_is_never_reached_by_a_re
             assert rep.stdout == out
 
 
+@pytest.mark.parametrize("sdk", ["mcp2", "mcp1"])
+def test_a_server_the_agent_starts_over_streamable_http_replays_at_both_ends(
+        tmp_path: Path, sdk: str) -> None:
+    """The agent finds a free port, starts the server on it as its child, polls until it
+    listens and talks to it in-process: both ends are the recorded tree's. The hooks
+    leave the conversation to the socket level (no HTTP exchange is recorded for it), the
+    port, the polling and every accept are taped, and a replay runs the server again
+    and ends it as the recording did (the agent's SIGTERM, which uvicorn re-raises)."""
+    env = _env(sdk)
+    agent = CLIENT.with_name("stamp_http_agent.py")
+    for r in range(RECORDINGS):
+        steno = tmp_path / f"own-{sdk}-{r}.steno"
+        rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", PY, str(agent), "3"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=180)
+        assert rec.returncode == 0, rec.stderr[-2000:]
+        assert rec.stdout.splitlines()[0] == "tools ['stamp']", rec.stdout
+        from stenograph.recorder.trajfile import read_trajectory
+
+        events = read_trajectory(steno).events
+        intents = [e.body["target"] for e in events if e.kind == "ToolIntent"]
+        assert intents == ["mcp stamp/stamp"] * 3, intents  # the calls, not their transport
+        for _ in range(REPLAYS):
+            rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=180)
+            assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr[-3000:]
+            assert rep.stdout == rec.stdout
+
+
 def test_the_reference_node_filesystem_server_replays_bit_for_bit(tmp_path: Path) -> None:
     """``@modelcontextprotocol/server-filesystem`` from the npm registry, started with
     ``node`` by the official Python client. V8's background threads (concurrent

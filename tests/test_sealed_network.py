@@ -121,6 +121,60 @@ def test_a_server_the_program_starts_itself_replays_live_at_both_ends(
         assert all(report["identical"].values()) and "refused" not in report, report
 
 
+OWN_HTTP = """
+import asyncio, socket, subprocess, sys, time
+import aiohttp, httpx, requests, urllib.request
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+srv = subprocess.Popen([sys.executable, "-m", "http.server", "-b", "127.0.0.1", "-d", "site",
+                        str(port)])
+while True:
+    with socket.socket() as c:
+        if c.connect_ex(("127.0.0.1", port)) == 0:
+            break
+    time.sleep(0.02)
+url = f"http://127.0.0.1:{port}/index.html"
+print("requests", requests.get(url, timeout=10).text.strip(), flush=True)
+print("httpx", httpx.get(url).text.strip(), flush=True)
+with httpx.Client() as c:
+    print("httpx client", [c.get(url).status_code for _ in range(3)], flush=True)
+async def fetch():
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        return await r.text()
+print("aiohttp", asyncio.run(fetch()).strip(), flush=True)
+print("urllib", urllib.request.urlopen(url).read().decode().strip(), flush=True)
+srv.terminate()
+srv.wait()
+"""
+
+
+def test_hooked_http_to_a_server_the_program_starts_is_left_to_the_socket_level(
+        tmp_path: Path) -> None:
+    """requests, httpx, aiohttp and urllib against ``python -m http.server`` started by
+    the program on a port it found with a bind to port 0, polled until it listens (its
+    access log on stderr): no HTTP exchange is recorded for the tree's own server, and a
+    replay runs both ends, the port, the polling and the log as recorded."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.html").write_text("hello page\n")
+    (tmp_path / "own_http.py").write_text(OWN_HTTP)
+    steno = tmp_path / "own_http.steno"
+    rec = subprocess.run([*CLI, "record", "-o", str(steno), "--", PY, "own_http.py"],
+                         cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert rec.returncode == 0 and "aiohttp hello page" in rec.stdout, rec.stderr
+    assert rec.stderr.count('"GET /index.html HTTP/1.1" 200') == 7, rec.stderr
+    from stenograph.recorder.trajfile import read_trajectory
+
+    hooked = [e.body.get("fingerprint") for e in read_trajectory(steno).events
+              if e.kind == "Exchange" and e.body.get("channel") != "await"]
+    assert hooked == [], hooked  # the tree's own server: not an HTTP exchange
+    for _ in range(2):
+        rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr[-3000:]
+
+
 CURL_AGENT = """
 import json, subprocess, sys
 import requests

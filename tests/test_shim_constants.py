@@ -110,7 +110,7 @@ def test_symbol_rows_match_the_exports() -> None:
     hooks = {"steno_pause", "steno_resume", "steno_getenv", "steno_reentries",
              "steno_tape_put", "steno_tape_get", "steno_gate_next", "steno_wait_fds",
              "steno_tape_ended", "steno_go_live", "steno_is_live", "steno_park_live",
-             "steno_paused_seeds"}
+             "steno_paused_seeds", "steno_tree_peer"}
     assert exported - hooks == {name for _kind, name in rows}
 
 

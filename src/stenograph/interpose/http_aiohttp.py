@@ -76,7 +76,7 @@ def install(client: ModuleType) -> None:
         return reader
 
     async def _request(self: Any, method: str, str_or_url: Any, **kwargs: Any) -> Any:
-        tape = current()
+        tape = seam.tape_for(str(compat.session_url(self, str_or_url)))
         if tape is None:
             return await orig(self, method, str_or_url, **kwargs)
         if not loop_taped():  # the whole call paused across its awaits

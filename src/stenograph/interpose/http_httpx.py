@@ -112,8 +112,9 @@ def install(mod: ModuleType) -> None:
         return seam.begin(tape, request.method, str(request.url), _headers(request), body)
 
     def handle_request(self: Any, request: Any) -> Any:
-        tape = current()
+        tape = seam.tape_for(str(request.url))
         if tape is None:
+            _mark_local(self)
             return orig_sync(self, request)
         with tape.shim.paused():
             call = _begin(tape, request, request.read())
@@ -139,8 +140,9 @@ def install(mod: ModuleType) -> None:
                             stream=TapeStream(chunks, resp.stream), extensions=resp.extensions)
 
     async def handle_async_request(self: Any, request: Any) -> Any:
-        tape = current()
+        tape = seam.tape_for(str(request.url))
         if tape is None:
+            _mark_local(self)
             return await orig_async(self, request)
         if not loop_taped():
             return await _paused_async(self, tape, request)
@@ -200,9 +202,18 @@ def install(mod: ModuleType) -> None:
 
     orig_close, orig_aclose = sync_t.close, async_t.aclose
 
+    def _mark_local(transport: Any) -> None:
+        """The transport holds a connection to a server of the tree (``seam.tape_for``),
+        live at replay too: its close is made as the program made it, in both."""
+        if current() is not None:
+            transport._stenograph_local = True
+
+    def _local(transport: Any) -> bool:
+        return getattr(transport, "_stenograph_local", False)
+
     def close(self: Any) -> None:
         tape = current()
-        if tape is None:
+        if tape is None or _local(self):
             return orig_close(self)
         return seam.passthrough(tape, orig_close, self)
 
@@ -210,7 +221,7 @@ def install(mod: ModuleType) -> None:
         # Closing the pool closes the connections record opened and replay never did:
         # replay only waits the way the recorded close did.
         tape = current()
-        if tape is None:
+        if tape is None or _local(self):
             return await orig_aclose(self)
         await seam.apassthrough(tape, orig_aclose(self), "httpx transport close")
 
@@ -219,13 +230,13 @@ def install(mod: ModuleType) -> None:
     def __exit__(self: Any, *exc: Any) -> None:
         # ``with httpx.Client()`` closes the pool here, not through close()
         tape = current()
-        if tape is None:
+        if tape is None or _local(self):
             return orig_exit(self, *exc)
         return seam.passthrough(tape, orig_exit, self, *exc)
 
     async def __aexit__(self: Any, *exc: Any) -> None:
         tape = current()
-        if tape is None:
+        if tape is None or _local(self):
             return await orig_aexit(self, *exc)
         await seam.apassthrough(tape, orig_aexit(self, *exc), "httpx transport close")
 

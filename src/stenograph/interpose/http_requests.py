@@ -158,7 +158,7 @@ def install(adapters: ModuleType) -> None:
 
     def send(self: Any, request: Any, stream: bool = False, timeout: Any = None,
              verify: Any = True, cert: Any = None, proxies: Any = None) -> Any:
-        tape = current()
+        tape = seam.tape_for(request.url)
         if tape is None:
             return orig(self, request, stream, timeout, verify, cert, proxies)
         with tape.shim.paused():

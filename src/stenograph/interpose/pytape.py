@@ -139,6 +139,7 @@ class _ShimControl:
         self._is_live: Any = None
         self._park_live: Any = None
         self._seeds: Any = None
+        self._tree_peer: Any = None
         self.track = False
         self.imported: list[str] = []
         self._local = threading.local()
@@ -151,8 +152,17 @@ class _ShimControl:
             self._is_live = me.steno_is_live
             self._park_live = me.steno_park_live
             self._seeds = me.steno_paused_seeds
+            self._tree_peer = me.steno_tree_peer
+            self._tree_peer.argtypes = [ctypes.c_char_p, ctypes.c_int]
         except (OSError, AttributeError):
             pass
+
+    def tree_peer(self, host: str, port: int) -> bool:
+        """Is ``host:port`` a server a process of the recorded tree bound? Asked with the
+        tape running: the answer is taped (the shim's ``steno_tree_peer``)."""
+        if self._tree_peer is None:
+            return False
+        return bool(self._tree_peer(host.encode("ascii", "replace")[:63], port))
 
     def go_live(self) -> None:
         """Resume: the process leaves the recorded prefix and records from here."""

@@ -5,6 +5,8 @@ request leaves, how a response is built, which exception a broken connection is.
 Everything else happens here, in the same order for every library, so a fix to
 the tape logic is made once:
 
+* ``tape_for``: whether a request is intercepted at all (one to a server the recorded
+  tree started is not: it is the socket tape's, live at both ends at replay);
 * ``begin``: classify the URL, claim the stream position, describe the request;
 * ``Call.replayed``: the recorded entry, or the library's own connection error;
 * ``Call.sending`` / ``Call.failed``: the real call, an exception committed as an
@@ -29,11 +31,13 @@ import asyncio
 import atexit
 import contextlib
 import heapq
+import ipaddress
 import re
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from stenograph.interpose import effects
 from stenograph.interpose.exchange import (
@@ -44,7 +48,7 @@ from stenograph.interpose.exchange import (
     split_chunks,
 )
 from stenograph.interpose.exits import STOPPED_EXIT, leave, say
-from stenograph.interpose.pytape import IN_DECLARED_EFFECT, PyTape, ReplayExhausted
+from stenograph.interpose.pytape import IN_DECLARED_EFFECT, PyTape, ReplayExhausted, current
 from stenograph.interpose.settings import loop_taped
 
 T = TypeVar("T")
@@ -411,7 +415,6 @@ def rebase(url: str, base: str) -> str:
     path, that path in place of everything before the API endpoint
     (``/chat/completions``, ``/responses``, ``/messages``) or, for other URLs, before the
     whole path."""
-    from urllib.parse import urlsplit, urlunsplit
 
     u, b = urlsplit(url), urlsplit(base)
     path = u.path
@@ -552,6 +555,39 @@ def _tape_free(tape: PyTape) -> bool:
 def _flush_orphans() -> None:
     while _ORPHANS:
         _ORPHANS.pop().finished(complete=False)
+
+
+def tape_for(url: str) -> PyTape | None:
+    """The tape a hook records a request to ``url`` on, or None: no tape, or the request
+    goes to a server a process of the recorded tree bound (an agent and the MCP or HTTP
+    server it started). That conversation is the program's with itself: the hook leaves
+    it to the socket level, where a replay runs both ends live, as record did, and the
+    server's own effects are its own. Asked with the tape running, so the answer is on
+    the tape (whether the server had bound yet is timing); a request made while the tape
+    is paused (inside another hooked call) stays hooked."""
+    tape = current()
+    if tape is None or tape.shim.active():
+        return tape
+    host, port = _host_port(url)
+    if host is None or not tape.shim.tree_peer(host, port):
+        return tape
+    return None
+
+
+def _host_port(url: str) -> tuple[str | None, int]:
+    """An IP literal or ``localhost`` and the port of ``url``; (None, 0) for any other
+    host (a name the tree could not have bound)."""
+    try:
+        parts = urlsplit(url)
+        host, port = (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return None, 0
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return None, 0
+    return host, port or (443 if parts.scheme in ("https", "wss") else 80)
 
 
 def begin(tape: PyTape, method: str, url: str, headers: list[tuple[str, str]],

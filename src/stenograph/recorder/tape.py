@@ -59,7 +59,7 @@ OP_NAMES = {
     (5, 8): "asyncio loop tick",
     (6, 1): "read(pipe)", (6, 2): "poll(pipes)", (6, 3): "waitpid(WNOHANG)",
     (6, 4): "exec (recorded whole)", (6, 5): "output (recorded whole)",
-    (6, 6): "exit (recorded whole)",
+    (6, 6): "exit (recorded whole)", (6, 7): "accept",
     (7, 1): "thread start", (7, 2): "mutex wait", (7, 3): "condition wait",
     (7, 4): "semaphore wait", (7, 5): "after sleep", (7, 6): "after I/O wait",
     (7, 7): "after pthread_join", (7, 8): "sched_yield", (7, 9): "futex wait",
@@ -67,7 +67,8 @@ OP_NAMES = {
     (8, 1): "fstatat", (8, 2): "statx",
     (4, 20): "ioctl(SIOCGIF*)", (9, 1): "signal handler",
     (10, 1): "connect", (10, 2): "send", (10, 3): "recv", (10, 4): "socket call",
-    (10, 5): "epoll_wait(connections)",
+    (10, 5): "epoll_wait(connections)", (10, 6): "connect (the tree's own)",
+    (10, 7): "bind(port 0)", (10, 8): "the tree's own server?",
 }
 
 
@@ -175,6 +176,17 @@ def _describe_net(name: str, op: int, payload: bytes) -> str:
         n = struct.unpack_from("<I", payload, 4)[0]
         (res,) = struct.unpack_from("<i", payload, 8 + n)
         return f"{name}({net_address(payload)}) -> {res}"
+    if op == 6:
+        n = struct.unpack_from("<I", payload, 4)[0]
+        res, _resolved, lport = struct.unpack_from("<iII", payload, 8 + n)
+        return f"{name}({net_address(payload)}) -> {res}, from port {lport}"
+    if op == 7:
+        fam, res, port = struct.unpack_from("<IiI", payload)
+        return f"{name}({'IPv6' if fam == socket.AF_INET6 else 'IPv4'}) -> {res}, port {port}"
+    if op == 8:
+        port = struct.unpack_from("<I", payload)[0]
+        host = payload[4:-4].decode("ascii", "replace")
+        return f"{name}({host}:{port}) -> {'yes' if payload[-4:] != bytes(4) else 'no'}"
     if op == 5:
         timeout, _max, res, n = struct.unpack_from("<iiiI", payload)
         conns = sum(1 for i in range(n)

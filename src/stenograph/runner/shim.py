@@ -14,10 +14,10 @@ from pathlib import Path
 
 from stenograph.recorder.errors import BadInput
 
-PROTOCOL = 6
+PROTOCOL = 7
 """Wire/tape protocol version; must match STENO_PROTOCOL in shim_c/steno_shim.h."""
 
-READS = frozenset({2, 3, 4, 5, 6})
+READS = frozenset({2, 3, 4, 5, 6, 7})
 
 NORMALIZE: dict[str, str] = {"node": "--single-threaded", "nodejs": "--single-threaded"}
 """Programs run with one more flag under record and replay (argv[1]); mirrors
