@@ -21,7 +21,7 @@ import re
 import socket
 import struct
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -688,6 +688,43 @@ def stream_records(tape_dir: str | Path, proc: str, thread: int,
     if not path.is_file():
         return []
     return list(iter_records(path.read_bytes()))
+
+
+def recorded_listings(tape_dir: str | Path, under: Sequence[str]) -> dict[str, dict[str, bool]]:
+    """The first listing on a prepared tape (dirents op 1) of each directory at or under
+    one of ``under``: {path: {name: is a directory}} (the root process's streams first,
+    each in the order it listed). A sealed replay gives back what was there then and has
+    been removed since."""
+    roots = [r.rstrip("/") for r in under]
+    out: dict[str, dict[str, bool]] = {}
+    for f in sorted(Path(tape_dir).glob("*/*.dirents"),
+                    key=lambda f: ([int(x) for x in f.parent.name.split(".")
+                                    if x.isdigit()], f.name)):
+        try:
+            records = list(iter_records(f.read_bytes()))
+        except (OSError, ValueError):
+            continue
+        for ch, op, p in records:
+            if (ch, op) != (3, 1) or len(p) < 2:
+                continue
+            try:
+                (pl,) = struct.unpack_from("<H", p)
+                path = p[2:2 + pl].decode()
+                err, count = struct.unpack_from("<iI", p, 2 + pl)
+                if err or path in out or not any(path == r or path.startswith(r + "/")
+                                                 for r in roots):
+                    continue
+                names = out.setdefault(path, {})
+                off = 2 + pl + 8
+                for _ in range(count):
+                    _ino, kind, nl = struct.unpack_from("<QBH", p, off)
+                    name = p[off + 11:off + 11 + nl].decode()
+                    off += 11 + nl
+                    if name not in (".", "..") and "/" not in name:
+                        names[name] = kind == 4
+            except (struct.error, UnicodeDecodeError):
+                continue
+    return out
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ from stenograph.recorder.errors import BadInput, CorruptLog
 from stenograph.recorder.exchanges import prepare_py_tape
 from stenograph.recorder.secretfiles import recorded_secrets, write_values
 from stenograph.recorder.snapshots import MapBlobs, load_manifest, recorded_rules, start_snapshot
-from stenograph.recorder.tape import prepare_tape
+from stenograph.recorder.tape import prepare_tape, recorded_listings
 from stenograph.runner import buildreplay
 from stenograph.runner.env import replay_env
-from stenograph.runner.seal import Seal
+from stenograph.runner.seal import Seal, born_since, seal_roots
 from stenograph.runner.shim import PROTOCOL, readable
 from stenograph.runner.workspace import SecretServed, WorkspaceMount
 from stenograph.runner.workspace import prepare as prepare_workspace
@@ -109,6 +109,34 @@ def restore_workspace(tape: Path, started: Mapping[str, Any], events: Sequence[E
     return out
 
 
+def gone_since(listed: Mapping[str, Mapping[str, bool]],
+               roots: Sequence[str]) -> dict[str, list[tuple[str, bool]]]:
+    """Per temporary root, the names the recording listed under it that no longer exist
+    (relative, with whether each was a directory), from the first listing of each
+    directory that was there before the run (one the run made itself -- a name missing
+    from its parent's first listing -- is the run's own work, made again at replay)."""
+
+    def made_by_run(path: str, root: str) -> bool:
+        while path != root and len(path) > len(root):
+            parent = os.path.dirname(path)
+            if parent in listed and os.path.basename(path) not in listed[parent]:
+                return True
+            path = parent
+        return False
+
+    out: dict[str, list[tuple[str, bool]]] = {}
+    for path, names in listed.items():
+        root = next((r for r in roots if path == r or path.startswith(r.rstrip("/") + "/")),
+                    None)
+        if root is None or made_by_run(path, root):
+            continue
+        for name, is_dir in names.items():
+            full = os.path.join(path, name)
+            if not os.path.lexists(full):
+                out.setdefault(root, []).append((os.path.relpath(full, root), is_dir))
+    return out
+
+
 def killed_by(ended: Mapping[str, Any]) -> int | None:
     """The signal that ended the recorded run, if one did (exit status ``-signal``)."""
     status = ended.get("status")
@@ -117,16 +145,30 @@ def killed_by(ended: Mapping[str, Any]) -> int | None:
 
 def seal(started: Mapping[str, Any], tape: Path, *, hide: Any, keep: Sequence[Path],
          workspaces: Sequence[WorkspaceMount] = (), cwd: str | None = None,
-         keep_writes: Path | None = None) -> Seal:
+         keep_writes: Path | None = None, since_recorded: bool = True) -> Seal:
     """The private view a run from a recording gets (``runner.seal.Seal``): ``hide``
-    (``{root: [name...]}``) in the temporary roots, the recorded host state put back,
-    ``keep`` the real directories, the workspace overlaid, ``cwd`` entered."""
+    (``{root: [name...]}``) in the temporary roots, and with ``since_recorded`` every
+    name born there since the recording started too (``seal.born_since``); the recorded
+    host state put back, ``keep`` the real directories, the workspace overlaid, ``cwd``
+    entered."""
     state = started.get("sealed_state") or {}
     stage = tape / ".seal"
     stage.mkdir(exist_ok=True)
+    hidden = {str(k): [str(n) for n in v] for k, v in (hide or {}).items()
+              if isinstance(v, list)}
+    t0 = started.get("started")
+    place: dict[str, list[tuple[str, bool]]] = {}
+    if since_recorded and isinstance(t0, (int, float)):
+        roots = seal_roots(os.environ)
+        spare = [str(k) for k in keep] + [m.target for m in workspaces] + [str(stage)]
+        if isinstance(cwd, str):
+            spare.append(cwd)
+        for root, names in born_since(roots, float(t0), spare).items():
+            hidden[root] = sorted(set(hidden.get(root, [])) | set(names))
+        place = gone_since(recorded_listings(tape, roots), roots)
     return Seal(
-        hide={str(k): [str(n) for n in v] for k, v in (hide or {}).items()
-              if isinstance(v, list)},
+        place=place,
+        hide=hidden,
         state={str(k): v for k, v in state.items() if v is None or isinstance(v, dict)},
         keep=[str(Path(k).resolve()) for k in keep], stage=str(stage.resolve()),
         workspaces=list(workspaces), cwd=cwd,

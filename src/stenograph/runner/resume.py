@@ -351,7 +351,7 @@ def _seal(started: dict[str, Any], tape: Path, sock_dir: Path, store: Path,
     keep = [tape, sock_dir,
             *(Path(r) for r in under_temp if any(r.startswith(t + "/") for t in temps))]
     cwd = started.get("cwd")
-    return prepare.seal(started, tape, hide=hide, keep=keep,
+    return prepare.seal(started, tape, hide=hide, keep=keep, since_recorded=False,
                         workspaces=sw.mounts if sw is not None else (),
                         keep_writes=sw.writes if sw is not None else None,
                         cwd=cwd if sw is not None and isinstance(cwd, str) else None)

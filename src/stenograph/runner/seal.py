@@ -30,7 +30,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,82 @@ def created_names(before: Mapping[str, set[str]],
             if after.get(root, set()) - names}
 
 
+class _StatxTime(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_int64), ("nsec", ctypes.c_uint32), ("pad", ctypes.c_int32)]
+
+
+class _Statx(ctypes.Structure):
+    _fields_ = [("mask", ctypes.c_uint32), ("blksize", ctypes.c_uint32),
+                ("attributes", ctypes.c_uint64), ("nlink", ctypes.c_uint32),
+                ("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32), ("mode", ctypes.c_uint16),
+                ("pad0", ctypes.c_uint16), ("ino", ctypes.c_uint64), ("size", ctypes.c_uint64),
+                ("blocks", ctypes.c_uint64), ("attributes_mask", ctypes.c_uint64),
+                ("atime", _StatxTime), ("btime", _StatxTime), ("ctime", _StatxTime),
+                ("mtime", _StatxTime), ("spare", ctypes.c_uint64 * 16)]
+
+
+_STATX_BTIME = 0x800
+_AT_SYMLINK_NOFOLLOW = 0x100
+
+
+def _born(path: str) -> float | None:
+    """When ``path`` was created (statx's birth time), or None where the file system
+    does not keep it."""
+    buf = _Statx()
+    fn = getattr(_libc(), "statx", None)
+    if fn is None or fn(-100, os.fsencode(path), _AT_SYMLINK_NOFOLLOW, _STATX_BTIME,
+                        ctypes.byref(buf)) != 0 or not buf.mask & _STATX_BTIME:
+        return None
+    return buf.btime.sec + buf.btime.nsec / 1e9
+
+
+BORN_LIMIT = 20000
+"""Entries looked at per temporary root for names born since a recording (a bound: a
+/tmp of millions of files is not walked)."""
+
+
+def born_since(roots: Sequence[str], since: float, spare: Sequence[str]) -> dict[str, list[str]]:
+    """Per temporary root, the names created there since ``since`` (a recording's start):
+    its own entries and those of its directories changed since, one level down (a test
+    runner's numbered directories, ``/tmp/pytest-of-USER/pytest-N``). A sealed replay
+    hides them with the names the recorded run created, so what the program finds there
+    is what it found when recorded (a name it computes from a listing is free again).
+    ``spare``: paths that stay (the tape, the store, the workspace) with their parents."""
+    keep = [os.path.realpath(p) for p in spare]
+
+    def spared(path: str) -> bool:
+        return any(k == path or k.startswith(path + "/") or path.startswith(k + "/")
+                   for k in keep)
+
+    out: dict[str, list[str]] = {}
+    for root in roots:
+        seen, names = 0, []
+        todo = [("", root)]
+        while todo and seen < BORN_LIMIT:
+            rel, path = todo.pop()
+            try:
+                entries = os.listdir(path)
+            except OSError:
+                continue
+            for name in entries:
+                seen += 1
+                full = os.path.join(path, name)
+                if spared(full):
+                    continue
+                born = _born(full)
+                r = f"{rel}/{name}" if rel else name
+                if born is not None and born >= since:
+                    names.append(r)
+                elif not rel:
+                    with contextlib.suppress(OSError):
+                        st = os.lstat(full)
+                        if os.path.stat.S_ISDIR(st.st_mode) and st.st_mtime >= since:
+                            todo.append((r, full))
+        if names:
+            out[root] = sorted(names)
+    return out
+
+
 def snapshot_state() -> dict[str, dict[str, str] | None]:
     """The state directories as they are now: ``{dir: {name: hex content}}``; a dir that
     does not exist maps to ``{}`` with no files, one too big to keep to ``None``."""
@@ -182,6 +258,10 @@ class Seal:
     """Where the workspace overlays' upper layers go instead of scratch (kept)."""
     cwd: str | None = None
     """The directory the program starts in, entered once the mounts are made."""
+    place: Mapping[str, Sequence[tuple[str, bool]]] = field(default_factory=dict)
+    """Per temporary root, names the recording listed there that are gone now (another
+    run removed them): given back empty (a directory, or a file) so the program finds
+    what it listed (``recorder.tape.recorded_listings``)."""
 
 
 class SealUnavailable(BadInput):
@@ -210,6 +290,41 @@ def _submounts(roots: Sequence[str]) -> dict[str, list[str]]:
         if top:
             out[root] = top
     return out
+
+
+def _upper_dirs(root: str, upper: str, rel: str, own: bool) -> None:
+    """``rel``'s directories in an overlay's upper layer, each with its lower twin's mode
+    and owner (a merged directory shows the upper one's); one with no lower twin (given
+    back, ``Seal.place``) is the user's, ``0755``."""
+    path = ""
+    for part in rel.split("/"):
+        path = f"{path}/{part}" if path else part
+        dst = os.path.join(upper, path)
+        if os.path.isdir(dst):
+            continue
+        try:
+            st = os.stat(os.path.join(root, path))
+        except FileNotFoundError:
+            os.mkdir(dst, 0o755)
+            continue
+        os.mkdir(dst)
+        os.chmod(dst, st.st_mode & 0o7777)
+        if not own:
+            os.chown(dst, st.st_uid, st.st_gid)
+
+
+def _give_back(root: str, upper: str, names: Sequence[tuple[str, bool]], own: bool) -> None:
+    for rel, is_dir in sorted(names):
+        if ".." in rel.split("/"):
+            continue
+        with contextlib.suppress(OSError):
+            if os.path.dirname(rel):
+                _upper_dirs(root, upper, os.path.dirname(rel), own)
+            dst = os.path.join(upper, rel)
+            if is_dir:
+                os.mkdir(dst, 0o755)
+            else:
+                os.close(os.open(dst, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
 
 
 def seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
@@ -265,8 +380,15 @@ def seal_preexec(seal: Seal, roots: Sequence[str], why: int) -> Any:
             if not own:  # a user owns what they make (their namespace maps no one else)
                 os.chown(upper, st.st_uid, st.st_gid)
             for name in seal.hide.get(root, ()):
-                if "/" not in name and name not in (".", ".."):
+                if name in (".", "..") or ".." in name.split("/"):
+                    continue
+                parent = os.path.dirname(name)
+                if parent:  # a nested name: its directory merged, as the lower one is
+                    with contextlib.suppress(OSError):
+                        _upper_dirs(root, upper, parent, own)
+                with contextlib.suppress(OSError):
                     os.mknod(os.path.join(upper, name), 0o600 | 0o020000, 0)  # whiteout
+            _give_back(root, upper, seal.place.get(root, ()), own)
         for i, root in enumerate(roots):
             layers = f"/proc/self/fd/{sfd}"
             opts = (f"lowerdir={root},upperdir={layers}/u{i},workdir={layers}/w{i}"
