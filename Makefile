@@ -63,6 +63,7 @@ bench: $(STAMP) $(USTAMP)
 	$(BIN)/python bench/agent_run.py
 	$(BIN)/python bench/http_capture.py
 	$(BIN)/python bench/mcp_session.py
+	$(BIN)/python bench/toolbox.py
 	$(BIN)/python bench/redact.py
 	$(BIN)/python bench/workspace.py
 	$(UVENV)/bin/pip install -q 'openai>=3,<4' && $(BIN)/python bench/seal.py
@@ -84,6 +85,11 @@ soak: $(STAMP)
 	STENO_THREAD_RUNS=3x10 $(BIN)/pytest -q tests/test_threads.py
 	STENO_ASYNC_RUNS=3x10 $(BIN)/pytest -q tests/test_asyncio_loop.py
 	STENO_MCP_RUNS=3x3 $(BIN)/pytest -q tests/test_mcp.py tests/test_mcp_effects.py
+# the toolbox sweep, every tool (go and rg from Debian's golang-go and ripgrep)
+	@command -v go >/dev/null && command -v rg >/dev/null || \
+	    (apt-get install -y golang-go ripgrep >/dev/null 2>&1 || \
+	     (apt-get update >/dev/null && apt-get install -y golang-go ripgrep >/dev/null))
+	STENO_TOOLBOX=all $(BIN)/pytest -q tests/test_toolbox_sweep.py
 	STENO_SOCKET_REPLAYS=10 $(BIN)/pytest -q tests/test_socket_tape.py
 	STENO_NET_CRASH_TRIALS=60 $(BIN)/pytest -q tests/test_net_effects.py -k crash_anywhere
 	STENO_PSQL_CRASH_TRIALS=30 $(BIN)/pytest -q tests/test_psql_effects.py -k crash_anywhere

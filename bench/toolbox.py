@@ -46,7 +46,8 @@ def main() -> None:
         ratio = o.record_s / o.native_s if o.native_s else 0.0
         rr = o.replay_s / o.record_s if o.record_s else 0.0
         print(f"{case.name:26} {o.native_s:8.2f} {ratio:7.2f} {rr:7.2f} "
-              f"{o.identical:>4}/{o.replays:<4}  {o.reason[:120]}", flush=True)
+              f"{o.identical:>4}/{o.replays:<4}  {(case.known or o.reason)[:120]}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -394,7 +394,20 @@ EXPORT ssize_t read(int fd, void *buf, size_t n) {
 #define IO_POLL_MAX 64
 
 /* poll() of a set holding one of these fds: the ready set and revents are the shape. */
+static void raw_mask(int how, const sigset_t *set, sigset_t *old); /* signals.c */
+
+/* io_poll under a signal mask of its own (ppoll, pselect): the mask is set and restored
+ * around the wait atomically under record, and around its serving at replay, so a
+ * handler the recording ran inside the wait runs there again. */
+static int io_poll_masked(struct pollfd *fds, nfds_t nfds, int timeout,
+                          const struct timespec *ts, const sigset_t *mask);
+
 static int io_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
+    return io_poll_masked(fds, nfds, timeout, NULL, NULL);
+}
+
+static int io_poll_masked(struct pollfd *fds, nfds_t nfds, int timeout,
+                          const struct timespec *ts, const sigset_t *mask) {
     tls_t *t = me();
     unsigned char a[8 + 2 * IO_POLL_MAX];
     int32_t to = timeout;
@@ -404,11 +417,22 @@ static int io_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     for (nfds_t i = 0; i < nfds; i++) memcpy(a + 8 + 2 * i, &fds[i].events, 2);
     uint32_t argn = 8 + 2 * (uint32_t)nfds;
     served_t s;
-    switch (tape_step(t, CH_IO, OP_IO_POLL, a, argn, &s)) {
+    sigset_t before;
+    if (mask) {
+        t->sigk++; /* a mask call: where a handler that ran in the wait is replayed */
+        if (g_mode != MODE_RECORD) raw_mask(SIG_SETMASK, mask, &before);
+    }
+    step_t step = tape_step(t, CH_IO, OP_IO_POLL, a, argn, &s);
+    if (mask && g_mode != MODE_RECORD && step != STEP_RECORD)
+        raw_mask(SIG_SETMASK, &before, NULL);
+    switch (step) {
     case STEP_RECORD: {
         for (nfds_t i = 0; g_resume && i < nfds; i++) /* a served connection, gone live */
             if (nfd_is(fds[i].fd) && g_nconn[fds[i].fd].served) net_live(fds[i].fd);
-        long r = RS3(SYS_poll, fds, nfds, timeout);
+        struct timespec left;
+        if (ts) left = *ts;
+        long r = mask ? RS6(SYS_ppoll, fds, nfds, ts ? &left : NULL, mask, 8, 0)
+                      : RS3(SYS_poll, fds, nfds, timeout);
         unsigned char out[4 + 2 * IO_POLL_MAX];
         int32_t res = (int32_t)r;
         memcpy(out, &res, 4);
@@ -418,6 +442,11 @@ static int io_poll(struct pollfd *fds, nfds_t nfds, int timeout) {
         return (int)r;
     }
     case STEP_LIVE:
+        if (mask) {
+            struct timespec left;
+            if (ts) left = *ts;
+            return (int)sys_ret(RS6(SYS_ppoll, fds, nfds, ts ? &left : NULL, mask, 8, 0));
+        }
         return real_poll(fds, nfds, timeout);
     case STEP_SERVED:
         break;

@@ -188,9 +188,20 @@ EXPORT int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     return GATED(OP_SCHED_IO, timeout != 0 || T.gate_next, poll_taped(fds, nfds, timeout));
 }
 
+static int select_as_ppoll(int nfds, fd_set *r, fd_set *w, fd_set *x, int ms,
+                           const struct timespec *ts, const sigset_t *mask);
+
 /* select() of sets holding a taped connection: asked as the poll() it amounts to, so the
  * connection's readiness is taped and served like a poll's (io_poll). */
 static int select_as_poll(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv) {
+    int ms = tv ? (int)(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000) : -1;
+    int k = select_as_ppoll(nfds, r, w, x, ms, NULL, NULL);
+    if (k >= 0 && tv && !k) tv->tv_sec = tv->tv_usec = 0;
+    return k;
+}
+
+static int select_as_ppoll(int nfds, fd_set *r, fd_set *w, fd_set *x, int ms,
+                           const struct timespec *ts, const sigset_t *mask) {
     struct pollfd pf[IO_POLL_MAX];
     nfds_t n = 0;
     for (int fd = 0; fd < nfds && fd < FD_SETSIZE; fd++) {
@@ -200,8 +211,7 @@ static int select_as_poll(int nfds, fd_set *r, fd_set *w, fd_set *x, struct time
         if (n == IO_POLL_MAX) return -2;
         pf[n++] = (struct pollfd){fd, ev, 0};
     }
-    int ms = tv ? (int)(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000) : -1;
-    int k = io_poll(pf, n, ms);
+    int k = io_poll_masked(pf, n, ms, ts, mask);
     if (k < 0) return -1;
     if (r) FD_ZERO(r);
     if (w) FD_ZERO(w);
@@ -213,7 +223,6 @@ static int select_as_poll(int nfds, fd_set *r, fd_set *w, fd_set *x, struct time
         if (w && (pf[i].events & POLLOUT) && (rv & (POLLOUT | POLLERR))) { FD_SET(pf[i].fd, w); bits++; }
         if (x && (pf[i].events & POLLPRI) && (rv & POLLPRI)) { FD_SET(pf[i].fd, x); bits++; }
     }
-    if (tv && !k) tv->tv_sec = tv->tv_usec = 0;
     return bits;
 }
 
@@ -253,6 +262,32 @@ static int select_taped(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeva
 }
 EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv) {
     return GATED(OP_SCHED_IO, !tv || tv->tv_sec || tv->tv_usec || T.gate_next, select_taped(nfds, r, w, x, tv));
+}
+
+/* pselect and ppoll: a wait with a signal mask of its own (GNU make -j blocks SIGCHLD and
+ * waits for its jobserver pipe with it unblocked only inside pselect, so the child's
+ * SIGCHLD handler runs there). Since protocol 7 each is taped as the poll it amounts to
+ * (io op 2) under that mask (io_poll_masked). */
+static int ts_ms(const struct timespec *ts) {
+    if (!ts) return -1;
+    long long ms = (long long)ts->tv_sec * 1000 + (ts->tv_nsec + 999999) / 1000000;
+    return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
+}
+
+EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *ts,
+                   const sigset_t *mask) {
+    RESOLVE(pselect);
+    if (!ACTIVE() || !SINCE(7)) return real_pselect(nfds, r, w, x, ts, mask);
+    int ms = ts_ms(ts);
+    int k = GATED(OP_SCHED_IO, ms != 0, select_as_ppoll(nfds, r, w, x, ms, ts, mask));
+    return k == -2 ? real_pselect(nfds, r, w, x, ts, mask) : k;
+}
+
+EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask) {
+    RESOLVE(ppoll);
+    if (!ACTIVE() || !SINCE(7) || n > IO_POLL_MAX) return real_ppoll(fds, n, ts, mask);
+    int ms = ts_ms(ts);
+    return GATED(OP_SCHED_IO, ms != 0, io_poll_masked(fds, n, ms, ts, mask));
 }
 
 /* Since protocol 6 every epoll wait is taped as one of a set holding a connection is

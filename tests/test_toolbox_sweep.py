@@ -18,6 +18,7 @@ REPLAYS = 3 if ALL else 2
 
 def _timeless(out: str) -> str:
     out = re.sub(r"\d+(\.\d+)?m?s\b", "T", out)
+    out = re.sub(r"0x[0-9a-f]+", "0xADDR", out)  # addresses differ run to run natively too
     return re.sub(r"/tmp/\S+", "/tmp/X", out)
 
 
@@ -27,6 +28,9 @@ def test_a_tool_replays_bit_for_bit(tmp_path: Path, case) -> None:  # type: igno
     if why:
         pytest.skip(why)
     o = run_case(case, tmp_path, REPLAYS)
-    assert o.identical == o.replays == REPLAYS, o.reason
     native, recorded = o.outputs
     assert _timeless(recorded) == _timeless(native)
+    if case.known:  # not yet: every replay says so, none differs silently
+        assert o.identical + o.reported == o.replays == REPLAYS, o.reason
+        return
+    assert o.identical == o.replays == REPLAYS, o.reason

@@ -127,7 +127,8 @@ def _run(req: ForkRequest, rec: Any, fp: forking.ForkPlan, extra: list[dict[str,
             cwd = started.get("cwd")
             seal = prepare.seal(started, tape, hide=ended.get("tmp_created"),
                                 keep=[work, sock_dir], workspaces=ws.mounts,
-                                cwd=cwd if isinstance(cwd, str) and ws.mounts else None)
+                                cwd=cwd if isinstance(cwd, str) and ws.mounts else None,
+                                blobs=rec.blobs)
             t0 = time.monotonic()
             result = session.run(
                 argv or recorded_argv, settings, env,

@@ -11,7 +11,10 @@ the seal (``runner/seal.py``) hides the names the recording made in /tmp.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +27,10 @@ from stenograph.recorder.errors import BadInput, CorruptLog
 from stenograph.recorder.exchanges import prepare_py_tape
 from stenograph.recorder.secretfiles import recorded_secrets, write_values
 from stenograph.recorder.snapshots import MapBlobs, load_manifest, recorded_rules, start_snapshot
-from stenograph.recorder.tape import prepare_tape, recorded_listings
+from stenograph.recorder.tape import prepare_tape
 from stenograph.runner import buildreplay
 from stenograph.runner.env import replay_env
-from stenograph.runner.seal import Seal, born_since, seal_roots
+from stenograph.runner.seal import Seal, born_since, gone_from, seal_roots
 from stenograph.runner.shim import PROTOCOL, readable
 from stenograph.runner.workspace import SecretServed, WorkspaceMount
 from stenograph.runner.workspace import prepare as prepare_workspace
@@ -101,39 +104,13 @@ def restore_workspace(tape: Path, started: Mapping[str, Any], events: Sequence[E
         live += buildreplay.code_paths({r: manifest.trees.get(r, {}) for r in manifest.roots},
                                        rules, code_globs or buildreplay.CODE_GLOBS)
     out = Workspace()
+    t0 = started.get("started")
     out.mounts = prepare_workspace(manifest, blob_map, rules, tape / "ws", live=live,
+                                   since=float(t0) if isinstance(t0, (int, float)) else None,
                                    secrets=out.secret_files,
                                    secret_rules=recorded_secrets(
                                        dict(started), keyshapes.for_run(dict(started))))
     write_values({v for n in out.secret_files for v in n.values}, tape)
-    return out
-
-
-def gone_since(listed: Mapping[str, Mapping[str, bool]],
-               roots: Sequence[str]) -> dict[str, list[tuple[str, bool]]]:
-    """Per temporary root, the names the recording listed under it that no longer exist
-    (relative, with whether each was a directory), from the first listing of each
-    directory that was there before the run (one the run made itself -- a name missing
-    from its parent's first listing -- is the run's own work, made again at replay)."""
-
-    def made_by_run(path: str, root: str) -> bool:
-        while path != root and len(path) > len(root):
-            parent = os.path.dirname(path)
-            if parent in listed and os.path.basename(path) not in listed[parent]:
-                return True
-            path = parent
-        return False
-
-    out: dict[str, list[tuple[str, bool]]] = {}
-    for path, names in listed.items():
-        root = next((r for r in roots if path == r or path.startswith(r.rstrip("/") + "/")),
-                    None)
-        if root is None or made_by_run(path, root):
-            continue
-        for name, is_dir in names.items():
-            full = os.path.join(path, name)
-            if not os.path.lexists(full):
-                out.setdefault(root, []).append((os.path.relpath(full, root), is_dir))
     return out
 
 
@@ -143,9 +120,23 @@ def killed_by(ended: Mapping[str, Any]) -> int | None:
     return -status if isinstance(status, int) and status < 0 else None
 
 
+def _blob_json(ref: Any, blobs: Any) -> Any:
+    """The JSON in blob ``ref`` (zlib-compressed or not), or None."""
+    if blobs is None or not isinstance(ref, dict) or ref.get("$blob") not in blobs:
+        return None
+    try:
+        data = blobs[ref["$blob"]]
+        with contextlib.suppress(zlib.error):
+            data = zlib.decompress(data)
+        return json.loads(data)
+    except Exception:  # an export without the blob: nothing given back
+        return None
+
+
 def seal(started: Mapping[str, Any], tape: Path, *, hide: Any, keep: Sequence[Path],
          workspaces: Sequence[WorkspaceMount] = (), cwd: str | None = None,
-         keep_writes: Path | None = None, since_recorded: bool = True) -> Seal:
+         keep_writes: Path | None = None, since_recorded: bool = True,
+         blobs: Mapping[str, bytes] | None = None) -> Seal:
     """The private view a run from a recording gets (``runner.seal.Seal``): ``hide``
     (``{root: [name...]}``) in the temporary roots, and with ``since_recorded`` every
     name born there since the recording started too (``seal.born_since``); the recorded
@@ -157,7 +148,7 @@ def seal(started: Mapping[str, Any], tape: Path, *, hide: Any, keep: Sequence[Pa
     hidden = {str(k): [str(n) for n in v] for k, v in (hide or {}).items()
               if isinstance(v, list)}
     t0 = started.get("started")
-    place: dict[str, list[tuple[str, bool]]] = {}
+    place: dict[str, list[tuple[str, str]]] = {}
     if since_recorded and isinstance(t0, (int, float)):
         roots = seal_roots(os.environ)
         spare = [str(k) for k in keep] + [m.target for m in workspaces] + [str(stage)]
@@ -165,7 +156,9 @@ def seal(started: Mapping[str, Any], tape: Path, *, hide: Any, keep: Sequence[Pa
             spare.append(cwd)
         for root, names in born_since(roots, float(t0), spare).items():
             hidden[root] = sorted(set(hidden.get(root, [])) | set(names))
-        place = gone_since(recorded_listings(tape, roots), roots)
+        tree = _blob_json(started.get("tmp_tree"), blobs)
+        if isinstance(tree, dict):
+            place = gone_from(tree, spare)
     return Seal(
         place=place,
         hide=hidden,

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -30,7 +31,13 @@ from stenograph.recorder.store import Store
 from stenograph.recorder.trajfile import export_trajectory
 from stenograph.runner.env import recorded_argv, recorded_env
 from stenograph.runner.launch import RunResult, check_dynamic, resolve_program
-from stenograph.runner.seal import created_names, listing, seal_roots, snapshot_state
+from stenograph.runner.seal import (
+    created_names,
+    listing,
+    seal_roots,
+    snapshot_state,
+    start_tree,
+)
 from stenograph.runner.session import Held, LiveSession, sweep_dead_sockets
 from stenograph.runner.settings import base_env
 from stenograph.runner.shim import shim_version
@@ -175,6 +182,7 @@ def _record_leased(req: RecordRequest, tmp: Path, ran: dict[str, Any],
             "asyncio": req.asyncio,
             "workspace": ws.to_body() if ws else None,
             "tmp_names": _tmp_names(env, store.blobs),  # what a resume leaves in /tmp
+            "tmp_tree": _tmp_tree(env, store.blobs),  # what a replay gives back in /tmp
         })
         # the recording is the trajectory's first lease: epoch 0, this recorder
         store.append(traj, "LeaseAcquired", {"epoch": worker.epoch, "pid": os.getpid(),
@@ -207,6 +215,17 @@ def _record_leased(req: RecordRequest, tmp: Path, ran: dict[str, Any],
                 tmp_created=created_names(tmp_before, listing(list(tmp_before))),
                 checkpoint_errors=checkpoints.errors[:20] if checkpoints else [])
     return rec
+
+
+def _tmp_tree(env: dict[str, str], blobs: BlobStore) -> dict[str, Any] | None:
+    """A blob of the names under /tmp, /var/tmp and $TMPDIR as the run starts
+    (``seal.start_tree``, zlib-compressed JSON): a sealed replay gives back, empty, those
+    removed since. None when the blob cannot be written."""
+    data = zlib.compress(json.dumps(start_tree(seal_roots(env))).encode(), 6)
+    try:
+        return blobs.put(data).to_body()
+    except OSError:
+        return None
 
 
 def _tmp_names(env: dict[str, str], blobs: BlobStore) -> dict[str, Any] | None:

@@ -137,7 +137,8 @@ def replay(req: ReplayRequest) -> dict[str, Any]:
             argv, settings.environ(env), cwd=cwd, passthrough=req.passthrough,
             seal=None if req.unsealed else prepare.seal(
                 started, tape, hide=ended.get("tmp_created"), keep=[tape],
-                workspaces=ws.mounts, cwd=sealed_cwd, keep_writes=req.keep_writes),
+                workspaces=ws.mounts, cwd=sealed_cwd, keep_writes=req.keep_writes,
+                blobs=blobs),
             cut=cut if killed and all(isinstance(n, int) for n in cut) else None,
             stop_on=None if req.lenient else tape / "divergence")
         if req.build:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from stenograph.recorder.errors import BadInput
+from stenograph.runner.birth import birth_time
 
 STATE_DIRS = ("/var/lib/libuuid",)
 """Directories of host state a library keeps between runs (libuuid's ``clock.txt``, read
@@ -137,35 +138,6 @@ def created_names(before: Mapping[str, set[str]],
             if after.get(root, set()) - names}
 
 
-class _StatxTime(ctypes.Structure):
-    _fields_ = [("sec", ctypes.c_int64), ("nsec", ctypes.c_uint32), ("pad", ctypes.c_int32)]
-
-
-class _Statx(ctypes.Structure):
-    _fields_ = [("mask", ctypes.c_uint32), ("blksize", ctypes.c_uint32),
-                ("attributes", ctypes.c_uint64), ("nlink", ctypes.c_uint32),
-                ("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32), ("mode", ctypes.c_uint16),
-                ("pad0", ctypes.c_uint16), ("ino", ctypes.c_uint64), ("size", ctypes.c_uint64),
-                ("blocks", ctypes.c_uint64), ("attributes_mask", ctypes.c_uint64),
-                ("atime", _StatxTime), ("btime", _StatxTime), ("ctime", _StatxTime),
-                ("mtime", _StatxTime), ("spare", ctypes.c_uint64 * 16)]
-
-
-_STATX_BTIME = 0x800
-_AT_SYMLINK_NOFOLLOW = 0x100
-
-
-def _born(path: str) -> float | None:
-    """When ``path`` was created (statx's birth time), or None where the file system
-    does not keep it."""
-    buf = _Statx()
-    fn = getattr(_libc(), "statx", None)
-    if fn is None or fn(-100, os.fsencode(path), _AT_SYMLINK_NOFOLLOW, _STATX_BTIME,
-                        ctypes.byref(buf)) != 0 or not buf.mask & _STATX_BTIME:
-        return None
-    return buf.btime.sec + buf.btime.nsec / 1e9
-
-
 BORN_LIMIT = 20000
 """Entries looked at per temporary root for names born since a recording (a bound: a
 /tmp of millions of files is not walked)."""
@@ -180,9 +152,11 @@ def born_since(roots: Sequence[str], since: float, spare: Sequence[str]) -> dict
     ``spare``: paths that stay (the tape, the store, the workspace) with their parents."""
     keep = [os.path.realpath(p) for p in spare]
 
-    def spared(path: str) -> bool:
-        return any(k == path or k.startswith(path + "/") or path.startswith(k + "/")
-                   for k in keep)
+    def spared(path: str) -> bool:  # kept, or inside what is kept
+        return any(k == path or path.startswith(k + "/") for k in keep)
+
+    def holds_kept(path: str) -> bool:  # a directory on the way to something kept
+        return any(k.startswith(path + "/") for k in keep)
 
     out: dict[str, list[str]] = {}
     for root in roots:
@@ -199,9 +173,9 @@ def born_since(roots: Sequence[str], since: float, spare: Sequence[str]) -> dict
                 full = os.path.join(path, name)
                 if spared(full):
                     continue
-                born = _born(full)
+                born = birth_time(full)
                 r = f"{rel}/{name}" if rel else name
-                if born is not None and born >= since:
+                if born is not None and born >= since and not holds_kept(full):
                     names.append(r)
                 elif not rel:
                     with contextlib.suppress(OSError):
@@ -210,6 +184,66 @@ def born_since(roots: Sequence[str], since: float, spare: Sequence[str]) -> dict
                             todo.append((r, full))
         if names:
             out[root] = sorted(names)
+    return out
+
+
+TREE_DEPTH, TREE_MAX, TREE_DIR_MAX = 4, 20_000, 2_000
+"""How far ``start_tree`` looks: names four levels down (a test runner's
+``pytest-of-USER/pytest-N/test_x0/file``), at most 20,000 in all and 2,000 under one
+top-level entry (a checkout or a virtualenv in /tmp is not walked whole)."""
+
+
+def start_tree(roots: Sequence[str]) -> dict[str, list[list[str]]]:
+    """The names under each temporary root as a run starts: ``[relpath, kind]`` with kind
+    ``d`` (directory), ``f`` (anything else) or ``l:TARGET`` (a symbolic link). A sealed
+    replay gives back, empty, those removed since (``gone_from``)."""
+    out: dict[str, list[list[str]]] = {}
+    total = 0
+    for root in roots:
+        names: list[list[str]] = []
+        try:
+            top = sorted(os.listdir(root))
+        except OSError:
+            continue
+        for first in top:
+            seen = 0
+            todo = [(first, 1)]
+            while todo and seen < TREE_DIR_MAX and total < TREE_MAX:
+                rel, depth = todo.pop(0)
+                full = os.path.join(root, rel)
+                try:
+                    st = os.lstat(full)
+                except OSError:
+                    continue
+                seen += 1
+                total += 1
+                if os.path.stat.S_ISLNK(st.st_mode):
+                    with contextlib.suppress(OSError):
+                        names.append([rel, "l:" + os.readlink(full)])
+                    continue
+                is_dir = os.path.stat.S_ISDIR(st.st_mode)
+                names.append([rel, "d" if is_dir else "f"])
+                if is_dir and depth < TREE_DEPTH:
+                    with contextlib.suppress(OSError):
+                        todo += [(f"{rel}/{n}", depth + 1) for n in sorted(os.listdir(full))]
+        out[root] = names
+    return out
+
+
+def gone_from(tree: Mapping[str, Sequence[Sequence[str]]],
+              spare: Sequence[str]) -> dict[str, list[tuple[str, str]]]:
+    """Per temporary root, what ``start_tree`` saw there that no longer exists."""
+    keep = [os.path.realpath(p) for p in spare]
+    out: dict[str, list[tuple[str, str]]] = {}
+    for root, names in tree.items():
+        for item in names:
+            if len(item) != 2 or ".." in str(item[0]).split("/"):
+                continue
+            full = os.path.join(root, str(item[0]))
+            if os.path.lexists(full) or any(full == k or full.startswith(k + "/")
+                                            for k in keep):
+                continue
+            out.setdefault(root, []).append((str(item[0]), str(item[1])))
     return out
 
 
@@ -258,10 +292,10 @@ class Seal:
     """Where the workspace overlays' upper layers go instead of scratch (kept)."""
     cwd: str | None = None
     """The directory the program starts in, entered once the mounts are made."""
-    place: Mapping[str, Sequence[tuple[str, bool]]] = field(default_factory=dict)
-    """Per temporary root, names the recording listed there that are gone now (another
-    run removed them): given back empty (a directory, or a file) so the program finds
-    what it listed (``recorder.tape.recorded_listings``)."""
+    place: Mapping[str, Sequence[tuple[str, str]]] = field(default_factory=dict)
+    """Per temporary root, names that were there when the recording started and are gone
+    now (the recorded run, or a later one, removed them): given back empty (a directory,
+    a file, a link) so the program finds the names it found (``start_tree``)."""
 
 
 class SealUnavailable(BadInput):
@@ -313,16 +347,18 @@ def _upper_dirs(root: str, upper: str, rel: str, own: bool) -> None:
             os.chown(dst, st.st_uid, st.st_gid)
 
 
-def _give_back(root: str, upper: str, names: Sequence[tuple[str, bool]], own: bool) -> None:
-    for rel, is_dir in sorted(names):
+def _give_back(root: str, upper: str, names: Sequence[tuple[str, str]], own: bool) -> None:
+    for rel, kind in sorted(names):
         if ".." in rel.split("/"):
             continue
         with contextlib.suppress(OSError):
             if os.path.dirname(rel):
                 _upper_dirs(root, upper, os.path.dirname(rel), own)
             dst = os.path.join(upper, rel)
-            if is_dir:
+            if kind == "d":
                 os.mkdir(dst, 0o755)
+            elif kind.startswith("l:"):
+                os.symlink(kind[2:], dst)
             else:
                 os.close(os.open(dst, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
 

@@ -48,6 +48,7 @@ from stenograph.recorder.snapshots import (
     restore_tree,
     scan,
 )
+from stenograph.runner.birth import birth_time
 
 PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
 """stenograph itself: never in a snapshot, always live (a replay runs today's hooks)."""
@@ -143,9 +144,12 @@ class SecretServed:
 def prepare(manifest: Manifest, blobs: Any, rules: Mapping[str, IgnoreRules],
             stage: Path, live: Sequence[str] = (),
             secrets: list[SecretServed] | None = None,
-            secret_rules: SecretRules | None = None) -> list[WorkspaceMount]:
+            secret_rules: SecretRules | None = None,
+            since: float | None = None) -> list[WorkspaceMount]:
     """Restore each root of ``manifest`` under ``stage`` and say how to mount it.
     ``live``: paths the replay sees as they are now (the code of an edited command).
+    ``since``: the recording's start; a left-out path made after it (a cache the
+    recorded run built, ``.mypy_cache``, ``node_modules``) is hidden, not live.
     A file recorded masked (``secretfiles``) is served live where the path holds a file
     now (it is not restored, so the live layer shows through), else masked; each is
     noted in ``secrets``."""
@@ -166,7 +170,7 @@ def prepare(manifest: Manifest, blobs: Any, rules: Mapping[str, IgnoreRules],
             lower = stage / f"ws{i}"
             shown = {k: e for k, e in tree.items() if k not in served_live}
             restore_tree(blobs, shown, lower)
-            binds = _whiteouts(tree, root, lower, rule)
+            binds = _whiteouts(tree, root, lower, rule, since)
             apply_meta(shown, lower)  # the whiteouts touched the directories
             mounts.append(WorkspaceMount(root, (str(lower), root), name, tuple(binds)))
         else:
@@ -228,9 +232,16 @@ def _fix_parents(wrap: Path, rel: str) -> None:
         os.chmod(p, 0o755)
 
 
-def _whiteouts(tree: Tree, root: str, lower: Path, rules: IgnoreRules) -> list[str]:
-    """Hide every live entry under ``root`` that the snapshot lacks and the rules keep;
-    return the live directories the rules leave out (to bind back)."""
+def _made_since(path: str, since: float | None) -> bool:
+    born = birth_time(path) if since is not None else None
+    return born is not None and since is not None and born >= since
+
+
+def _whiteouts(tree: Tree, root: str, lower: Path, rules: IgnoreRules,
+               since: float | None = None) -> list[str]:
+    """Hide every live entry under ``root`` that the snapshot lacks and the rules keep,
+    and every one the rules leave out that was made since ``since``; return the other
+    live directories the rules leave out (to bind back)."""
     excluded = set(rules.exclude)
     binds: list[str] = []
     for d in sorted(p for p, e in tree.items() if e.kind == "d"):
@@ -251,8 +262,9 @@ def _whiteouts(tree: Tree, root: str, lower: Path, rules: IgnoreRules) -> list[s
                 continue
             full = os.path.join(live, name)
             is_dir = os.path.isdir(full) and not os.path.islink(full)
-            if rules.ignored(rel, is_dir) or os.path.realpath(full) in excluded or (
-                    is_dir and is_environment(full)):
+            left_out = rules.ignored(rel, is_dir) or os.path.realpath(full) in excluded or (
+                is_dir and is_environment(full))
+            if left_out and not _made_since(full, since):
                 if is_dir:
                     binds.append(full)
                 continue
