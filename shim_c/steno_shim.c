@@ -33,6 +33,7 @@
 #include "neteffect.c" /* their HTTP/1 requests as effects; a resumed connection going live */
 #include "netio.c"    /* their sends, receives, socket calls, epoll sets */
 #include "io.c"       /* channel io: read/poll shape of own pipes, waitpid(WNOHANG); child waits */
+#include "move.c"     /* io: whether a rename crossed file systems; the seal's EXDEV moved by hand */
 #include "wait.c"     /* channel wait: sleeps, poll/select/epoll timeouts, deadlines */
 #include "dirents.c"  /* channel dirents: listings, scandir */
 #include "meta.c"     /* channel meta: the stat family */

@@ -17,7 +17,8 @@
                           * 7: a connect to the tree's own address is taped (OP_NET_LOCAL), its
                           *    receives and accepts are shaped (OP_IO_READ, OP_IO_ACCEPT),
                           *    the port a bind to port 0 got (OP_NET_BIND), and the HTTP hooks'
-                          *    question whether a server is the tree's own (OP_NET_PEER) */
+                          *    question whether a server is the tree's own (OP_NET_PEER);
+                          *    ppoll/pselect as io polls; renames (OP_IO_RENAME) */
 /* (the tape's bytes are unchanged by the shared rings below: how records travel to the
  * recorder is not part of what a recording holds) */
 
@@ -136,6 +137,7 @@
 #define OP_IO_POLL 2 /* i32 timeout_ms | u32 nfds | nfds x i16 events | i32 result | nfds x i16 revents */
 #define OP_IO_WAIT 3 /* i32 options | i32 result (0 running, >0 reaped, -errno) | i32 status */
 #define OP_IO_ACCEPT 7 /* i32 result (0 a connection, or -errno: EAGAIN...): since protocol 7 */
+#define OP_IO_RENAME 8 /* i32 result (0, or -EXDEV: crossed file systems): since protocol 7 */
 /* a child the shim cannot see into (static, another loader), recorded whole (whole.c) */
 #define OP_WHOLE_EXEC 4 /* argv strings, each with its NUL (checked) */
 #define OP_WHOLE_OUT 5  /* u32 fd (1 stdout, 2 stderr) | the bytes, as they came */

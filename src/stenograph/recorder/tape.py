@@ -59,7 +59,7 @@ OP_NAMES = {
     (5, 8): "asyncio loop tick",
     (6, 1): "read(pipe)", (6, 2): "poll(pipes)", (6, 3): "waitpid(WNOHANG)",
     (6, 4): "exec (recorded whole)", (6, 5): "output (recorded whole)",
-    (6, 6): "exit (recorded whole)", (6, 7): "accept",
+    (6, 6): "exit (recorded whole)", (6, 7): "accept", (6, 8): "rename",
     (7, 1): "thread start", (7, 2): "mutex wait", (7, 3): "condition wait",
     (7, 4): "semaphore wait", (7, 5): "after sleep", (7, 6): "after I/O wait",
     (7, 7): "after pthread_join", (7, 8): "sched_yield", (7, 9): "futex wait",

@@ -27,7 +27,7 @@ from stenograph.recorder.errors import BadInput, CorruptLog
 from stenograph.recorder.exchanges import prepare_py_tape
 from stenograph.recorder.secretfiles import recorded_secrets, write_values
 from stenograph.recorder.snapshots import MapBlobs, load_manifest, recorded_rules, start_snapshot
-from stenograph.recorder.tape import prepare_tape
+from stenograph.recorder.tape import prepare_tape, recorded_listings
 from stenograph.runner import buildreplay
 from stenograph.runner.env import replay_env
 from stenograph.runner.seal import Seal, born_since, gone_from, seal_roots
@@ -154,11 +154,12 @@ def seal(started: Mapping[str, Any], tape: Path, *, hide: Any, keep: Sequence[Pa
         spare = [str(k) for k in keep] + [m.target for m in workspaces] + [str(stage)]
         if isinstance(cwd, str):
             spare.append(cwd)
-        for root, names in born_since(roots, float(t0), spare).items():
+        listed = list(recorded_listings(tape, roots))
+        for root, names in born_since(listed, roots, float(t0), spare).items():
             hidden[root] = sorted(set(hidden.get(root, [])) | set(names))
         tree = _blob_json(started.get("tmp_tree"), blobs)
         if isinstance(tree, dict):
-            place = gone_from(tree, spare)
+            place = gone_from(tree, listed, spare)
     return Seal(
         place=place,
         hide=hidden,

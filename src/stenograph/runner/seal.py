@@ -139,52 +139,40 @@ def created_names(before: Mapping[str, set[str]],
 
 
 BORN_LIMIT = 20000
-"""Entries looked at per temporary root for names born since a recording (a bound: a
-/tmp of millions of files is not walked)."""
+"""Entries looked at per listed directory for names born since a recording (a bound: a
+directory of millions of files is not read whole)."""
 
 
-def born_since(roots: Sequence[str], since: float, spare: Sequence[str]) -> dict[str, list[str]]:
-    """Per temporary root, the names created there since ``since`` (a recording's start):
-    its own entries and those of its directories changed since, one level down (a test
-    runner's numbered directories, ``/tmp/pytest-of-USER/pytest-N``). A sealed replay
-    hides them with the names the recorded run created, so what the program finds there
-    is what it found when recorded (a name it computes from a listing is free again).
-    ``spare``: paths that stay (the tape, the store, the workspace) with their parents."""
+def born_since(listed: Sequence[str], roots: Sequence[str], since: float,
+               spare: Sequence[str]) -> dict[str, list[str]]:
+    """Per temporary root, the names made since ``since`` (a recording's start) in the
+    directories under it that the recording listed (a test runner's
+    ``/tmp/pytest-of-USER``, which later runs fill with ``pytest-N+1``...). A sealed
+    replay hides them, so what the program finds where it looked is what it found then
+    (a name it computes from the listing is free again). Only where it looked: a
+    checkout or a virtualenv made in /tmp since stays. ``spare``: paths that stay (the
+    tape, the store, the workspace) with the directories on the way to them."""
     keep = [os.path.realpath(p) for p in spare]
 
-    def spared(path: str) -> bool:  # kept, or inside what is kept
-        return any(k == path or path.startswith(k + "/") for k in keep)
-
-    def holds_kept(path: str) -> bool:  # a directory on the way to something kept
-        return any(k.startswith(path + "/") for k in keep)
+    def holds_kept(path: str) -> bool:
+        return any(k == path or k.startswith(path + "/") or path.startswith(k + "/")
+                   for k in keep)
 
     out: dict[str, list[str]] = {}
-    for root in roots:
-        seen, names = 0, []
-        todo = [("", root)]
-        while todo and seen < BORN_LIMIT:
-            rel, path = todo.pop()
-            try:
-                entries = os.listdir(path)
-            except OSError:
-                continue
-            for name in entries:
-                seen += 1
-                full = os.path.join(path, name)
-                if spared(full):
-                    continue
-                born = birth_time(full)
-                r = f"{rel}/{name}" if rel else name
-                if born is not None and born >= since and not holds_kept(full):
-                    names.append(r)
-                elif not rel:
-                    with contextlib.suppress(OSError):
-                        st = os.lstat(full)
-                        if os.path.stat.S_ISDIR(st.st_mode) and st.st_mtime >= since:
-                            todo.append((r, full))
-        if names:
-            out[root] = sorted(names)
-    return out
+    for d in listed:
+        root = next((r for r in roots if d == r or d.startswith(r.rstrip("/") + "/")), None)
+        if root is None or any(d == k or d.startswith(k + "/") for k in keep):
+            continue
+        try:
+            entries = os.listdir(d)[:BORN_LIMIT]
+        except OSError:
+            continue
+        for name in entries:
+            full = os.path.join(d, name)
+            born = birth_time(full)
+            if born is not None and born >= since and not holds_kept(full):
+                out.setdefault(root, []).append(os.path.relpath(full, root))
+    return {r: sorted(set(v)) for r, v in out.items()}
 
 
 TREE_DEPTH, TREE_MAX, TREE_DIR_MAX = 4, 20_000, 2_000
@@ -230,18 +218,20 @@ def start_tree(roots: Sequence[str]) -> dict[str, list[list[str]]]:
     return out
 
 
-def gone_from(tree: Mapping[str, Sequence[Sequence[str]]],
+def gone_from(tree: Mapping[str, Sequence[Sequence[str]]], listed: Sequence[str],
               spare: Sequence[str]) -> dict[str, list[tuple[str, str]]]:
-    """Per temporary root, what ``start_tree`` saw there that no longer exists."""
+    """Per temporary root, what ``start_tree`` saw there that no longer exists, in the
+    directories the recording listed (and below them)."""
     keep = [os.path.realpath(p) for p in spare]
+    looked = [d.rstrip("/") + "/" for d in listed]
     out: dict[str, list[tuple[str, str]]] = {}
     for root, names in tree.items():
         for item in names:
             if len(item) != 2 or ".." in str(item[0]).split("/"):
                 continue
             full = os.path.join(root, str(item[0]))
-            if os.path.lexists(full) or any(full == k or full.startswith(k + "/")
-                                            for k in keep):
+            if not any(full.startswith(d) for d in looked) or os.path.lexists(full) or any(
+                    full == k or full.startswith(k + "/") for k in keep):
                 continue
             out.setdefault(root, []).append((str(item[0]), str(item[1])))
     return out

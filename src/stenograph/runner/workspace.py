@@ -148,8 +148,9 @@ def prepare(manifest: Manifest, blobs: Any, rules: Mapping[str, IgnoreRules],
             since: float | None = None) -> list[WorkspaceMount]:
     """Restore each root of ``manifest`` under ``stage`` and say how to mount it.
     ``live``: paths the replay sees as they are now (the code of an edited command).
-    ``since``: the recording's start; a left-out path made after it (a cache the
-    recorded run built, ``.mypy_cache``, ``node_modules``) is hidden, not live.
+    ``since``: the recording's start; a path the rules leave out made after it (a cache
+    the recorded run built, ``.mypy_cache``, ``node_modules``) is hidden, not live; a
+    virtualenv or the code under test stays live whenever it was made.
     A file recorded masked (``secretfiles``) is served live where the path holds a file
     now (it is not restored, so the live layer shows through), else masked; each is
     noted in ``secrets``."""
@@ -262,9 +263,9 @@ def _whiteouts(tree: Tree, root: str, lower: Path, rules: IgnoreRules,
                 continue
             full = os.path.join(live, name)
             is_dir = os.path.isdir(full) and not os.path.islink(full)
-            left_out = rules.ignored(rel, is_dir) or os.path.realpath(full) in excluded or (
+            env_or_code = os.path.realpath(full) in excluded or (
                 is_dir and is_environment(full))
-            if left_out and not _made_since(full, since):
+            if env_or_code or (rules.ignored(rel, is_dir) and not _made_since(full, since)):
                 if is_dir:
                     binds.append(full)
                 continue
