@@ -29,7 +29,7 @@ def test_a_tool_replays_bit_for_bit(tmp_path: Path, case) -> None:  # type: igno
         pytest.skip(why)
     o = run_case(case, tmp_path, REPLAYS)
     native, recorded = o.outputs
-    assert _timeless(recorded) == _timeless(native)
+    assert _timeless(recorded) == _timeless(native), (o.status, o.record_err)
     if case.known:  # not yet: every replay says so, none differs silently
         assert o.identical + o.reported == o.replays == REPLAYS, o.reason
         return

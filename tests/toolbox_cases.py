@@ -62,6 +62,7 @@ class Outcome:
     """Replays that failed with a divergence named (not a silent difference)."""
     skipped: str = ""
     outputs: list[str] = field(default_factory=list)
+    record_err: str = ""
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -293,6 +294,7 @@ def run_case(case: Case, root: Path, replays: int = 3) -> Outcome:
                                recorded, env)
     out.status = rec.returncode
     out.outputs = [nat.stdout, rec.stdout]
+    out.record_err = rec.stderr[-3000:]
     if not steno.exists():
         out.reason = "record failed: " + (rec.stderr.strip().splitlines() or ["?"])[-1]
         return out

@@ -33,7 +33,7 @@ from stenograph.recorder.store import Store
 from stenograph.recorder.tape import read_divergences
 from stenograph.recorder.trajfile import write_trajectory
 from stenograph.runner import buildreplay, prepare
-from stenograph.runner.session import LiveSession, sweep_dead_sockets
+from stenograph.runner.session import LiveSession, socket_dir, sweep_dead_sockets
 
 
 @dataclass
@@ -87,7 +87,7 @@ def _run(req: ForkRequest, rec: Any, fp: forking.ForkPlan, extra: list[dict[str,
     traj = _traj_name(fp.turn)
     sweep_dead_sockets()
     work = Path(tempfile.mkdtemp(prefix="steno-fork-"))
-    sock_dir = Path(tempfile.mkdtemp(prefix="steno-rec-"))
+    sock_dir = socket_dir()
     tape, store_dir = work / "tape", work / "store"
     tape.mkdir()
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from stenograph.runner.seal import (
     snapshot_state,
     start_tree,
 )
-from stenograph.runner.session import Held, LiveSession, sweep_dead_sockets
+from stenograph.runner.session import Held, LiveSession, socket_dir, sweep_dead_sockets
 from stenograph.runner.settings import base_env
 from stenograph.runner.shim import shim_version
 from stenograph.runner.worker import Worker
@@ -100,7 +99,7 @@ def record(req: RecordRequest) -> Recorded:
     """Record ``req.argv`` into ``req.store`` and export it to ``req.out`` (see the module
     docstring). A run held for a person or a policy is exported too, and its store kept."""
     sweep_dead_sockets()
-    tmp = Path(tempfile.mkdtemp(prefix="steno-rec-"))
+    tmp = socket_dir()
     existed = req.store.exists()
     ran: dict[str, Any] = {}
     try:

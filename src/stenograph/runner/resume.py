@@ -50,7 +50,7 @@ from stenograph.recorder.tape import read_divergences
 from stenograph.runner import prepare
 from stenograph.runner.pathmap import MappedHold, hold
 from stenograph.runner.seal import HeldSeal, seal_roots
-from stenograph.runner.session import LiveSession, sweep_dead_sockets
+from stenograph.runner.session import LiveSession, socket_dir, sweep_dead_sockets
 from stenograph.runner.settings import TapeFiles
 from stenograph.runner.worker import Worker
 from stenograph.runner.workspace import WorkspaceMount
@@ -223,7 +223,7 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
     store, traj, started = req.store, req.traj, rp.started
     tape = Path(tempfile.mkdtemp(prefix="steno-resume-"))
     sweep_dead_sockets()
-    sock_dir = Path(tempfile.mkdtemp(prefix="steno-rec-"))
+    sock_dir = socket_dir()
     epoch = max(worker.epoch, rp.state.epoch + 1)
     out: dict[str, Any] = {"epoch": epoch, "cut": rp.cut,
                            "in_doubt": [d["call_id"] for d in rp.in_doubt]}

@@ -87,6 +87,23 @@ class Held:
         return Stopped(stopped_line(store, traj, str(self.stopped_for), self.stopped_at))
 
 
+SOCKET_ROOM = 100
+"""Bytes an AF_UNIX socket path may take here (108 with its NUL, and room for the
+shim's ``net/<key>`` names beside it)."""
+
+
+def socket_dir(prefix: str = "steno-rec-") -> Path:
+    """A fresh private directory for a live run's sockets: in the temporary directory,
+    unless ``$TMPDIR`` is too deep for a socket path there (a test runner's per-worker
+    directories), then in /tmp, then /dev/shm."""
+    for base in (None, "/tmp", "/dev/shm"):
+        d = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+        if len(os.fsencode(str(d / "tape.sock"))) < SOCKET_ROOM - 20:
+            return d
+        d.rmdir()
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
 class LiveSession:
     """The recorder of one run (see the module docstring): ``run`` once, then ``ended``
     unless the run was ``held``."""
@@ -211,14 +228,14 @@ def sweep_dead_sockets(limit: int = 200) -> int:
     """Remove the socket directories of recorders that were killed (SIGKILL leaves them
     in the temporary directory): an hour old, and nothing accepts on their sockets. A
     directory whose recorder is alive (even a stopped one) still accepts, and stays."""
-    root = Path(tempfile.gettempdir())
     removed = 0
-    try:
-        names = [n for n in os.listdir(root) if n.startswith("steno-rec-")]
-    except OSError:
-        return 0
-    for name in names:
-        d = root / name
+    found: list[Path] = []
+    for root in dict.fromkeys((tempfile.gettempdir(), "/tmp", "/dev/shm")):  # socket_dir's
+        try:
+            found += [Path(root) / n for n in os.listdir(root) if n.startswith("steno-rec-")]
+        except OSError:
+            continue
+    for d in found:
         try:
             if time.time() - d.stat().st_mtime < 3600 or not d.is_dir():
                 continue
