@@ -8,12 +8,22 @@
  *   kill, sched_*, ...     take a pid the program got from the tape: recorded -> live
  */
 
+/* A pipe opened again by path (`/proc/self/fd/N`, `/dev/fd/N`: the jobserver crate in
+ * rustc and cargo reopens its inherited pipe to get a file description of its own) is
+ * the same pipe: its reads are shaped as the pipe's are (io.c), since protocol 7. */
+static int reopened_pipe(const char *path, int fd) {
+    if (!path || (strncmp(path, "/proc/", 6) && strncmp(path, "/dev/fd/", 8))) return 0;
+    struct stat st;
+    return !is_err(RS2(SYS_fstat, fd, &st)) && S_ISFIFO(st.st_mode);
+}
+
 static int open_common(int dirfd, const char *path, int flags, mode_t mode) {
     long fd = RS4(SYS_openat, dirfd, path, flags, mode);
     if (is_err(fd)) { errno = (int)-fd; return -1; }
     if (g_mode && is_random_path(path)) rfd_set((int)fd, 1);
     else if (g_mode) rfd_set((int)fd, 0);
     if (g_mode) nfd_clear((int)fd);
+    if (g_mode && SINCE(7)) pfd_set((int)fd, reopened_pipe(path, (int)fd));
     return (int)fd;
 }
 
