@@ -290,8 +290,30 @@ static long net_trapped(int nr, greg_t *g) {
     return rsys(SYS_sendmmsg, a0, a1, a2, a3, 0, NET_COOKIE);
 }
 
+#ifndef SYS_SECCOMP
+#define SYS_SECCOMP 1 /* siginfo si_code of a seccomp trap */
+#endif
+
+/* A SIGSYS that is not one of the traps (kill, raise, a program's own filter): the
+ * program's handler, as the kernel would have run it; its default action is death. */
+static void sigsys_chain(int sig, siginfo_t *si, void *ctx) {
+    struct sigaction p = g_sigsys_prog;
+    if (p.sa_handler == SIG_IGN) return;
+    if (p.sa_handler == SIG_DFL) {
+        struct { void *h; unsigned long flags; void *restorer; uint64_t mask; } dfl = {0};
+        RS4(SYS_rt_sigaction, SIGSYS, &dfl, NULL, 8);
+        RS3(SYS_tgkill, RS0(SYS_getpid), RS0(SYS_gettid), SIGSYS);
+        return;
+    }
+    if (p.sa_flags & SA_SIGINFO) p.sa_sigaction(sig, si, ctx);
+    else p.sa_handler(sig);
+}
+
 static void sigsys_handler(int sig, siginfo_t *si, void *ctx) {
-    (void)sig;
+    if (si->si_code != SYS_SECCOMP) {
+        sigsys_chain(sig, si, ctx);
+        return;
+    }
     ucontext_t *uc = ctx;
     greg_t *g = uc->uc_mcontext.gregs;
     int saved = errno;
@@ -392,7 +414,11 @@ static void install_filters(void) {
         sa.sa_sigaction = sigsys_handler;
         sa.sa_flags = SA_SIGINFO | SA_RESTART;
         sigemptyset(&sa.sa_mask);
-        sigaction(SIGSYS, &sa, NULL);
+        if (!__atomic_load_n(&g_sigsys_mine, __ATOMIC_ACQUIRE)) {
+            RESOLVE(sigaction);
+            real_sigaction(SIGSYS, &sa, NULL);
+            __atomic_store_n(&g_sigsys_mine, 1, __ATOMIC_RELEASE);
+        }
     }
     if (prefix_net && install_prefix_net_filter() == 0) {
         size_t at = s_len(g_filt);

@@ -313,8 +313,19 @@ static void fill_old(int sig, struct sigaction *old) {
     old->sa_mask = h->mask;
 }
 
+/* SIGSYS while the shim's seccomp traps are on (seccomp.c): the kernel must go on
+ * delivering them to the shim, so a program's handler (npm's signal-exit listens to every
+ * signal) is kept here instead; sigsys_handler hands it each SIGSYS that is not a trap. */
+static int g_sigsys_mine;
+static struct sigaction g_sigsys_prog; /* zero: SIG_DFL */
+
 EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
     RESOLVE(sigaction);
+    if (sig == SIGSYS && __atomic_load_n(&g_sigsys_mine, __ATOMIC_ACQUIRE)) {
+        if (old) *old = g_sigsys_prog;
+        if (act) g_sigsys_prog = *act;
+        return 0;
+    }
     if (!sig_virtual(sig) || (!g_mode && !g_sig[sig].on))
         return real_sigaction(sig, act, old);
     struct sigaction a, prev;
