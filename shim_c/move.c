@@ -12,6 +12,15 @@ _Static_assert(sizeof(renamerec_t) == 4, "OP_IO_RENAME payload: i32 result");
 
 static long move_at(int ofd, const char *old, int nfd, const char *new_, int depth);
 
+/* The copy takes the original's mode and times; both ends are closed. */
+static void move_done(long from, long to, const struct stat *st) {
+    RS2(SYS_fchmod, to, st->st_mode & 07777);
+    struct timespec ts[2] = {st->st_atim, st->st_mtim};
+    RS4(SYS_utimensat, to, NULL, ts, 0);
+    RS1(SYS_close, from);
+    RS1(SYS_close, to);
+}
+
 static long move_file(int ofd, const char *old, int nfd, const char *new_,
                       const struct stat *st) {
     long in = RS4(SYS_openat, ofd, old, O_RDONLY | O_CLOEXEC, 0);
@@ -30,11 +39,7 @@ static long move_file(int ofd, const char *old, int nfd, const char *new_,
         }
         if (is_err(r)) break;
     }
-    RS2(SYS_fchmod, out, st->st_mode & 07777);
-    struct timespec ts[2] = {st->st_atim, st->st_mtim};
-    RS4(SYS_utimensat, out, NULL, ts, 0);
-    RS1(SYS_close, in);
-    RS1(SYS_close, out);
+    move_done(in, out, st);
     if (is_err(r)) return r;
     return RS3(SYS_unlinkat, ofd, old, 0);
 }
@@ -67,11 +72,7 @@ static long move_dir(int ofd, const char *old, int nfd, const char *new_,
             r = move_at((int)from, d->name, (int)to, d->name, depth + 1);
         }
     }
-    RS2(SYS_fchmod, to, st->st_mode & 07777);
-    struct timespec ts[2] = {st->st_atim, st->st_mtim};
-    RS4(SYS_utimensat, to, NULL, ts, 0);
-    RS1(SYS_close, from);
-    RS1(SYS_close, to);
+    move_done(from, to, st);
     if (is_err(r)) return r;
     return RS3(SYS_unlinkat, ofd, old, AT_REMOVEDIR);
 }

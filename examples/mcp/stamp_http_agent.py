@@ -11,12 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from mcp import ClientSession
-
-try:
-    from mcp.client.streamable_http import streamable_http_client as connect
-except ImportError:  # mcp 1.x
-    from mcp.client.streamable_http import streamablehttp_client as connect
+from stamp_http_client import main as talk  # (this directory is on sys.path)
 
 
 def free_port() -> int:
@@ -33,16 +28,6 @@ def wait_listening(port: int, limit: float = 60.0) -> None:
                 return
         time.sleep(0.05)
     raise SystemExit(f"the stamp server did not listen on port {port}")
-
-
-async def talk(url: str, n: int) -> None:
-    async with connect(url) as streams, ClientSession(streams[0], streams[1]) as session:
-        await session.initialize()
-        tools = await session.list_tools()
-        print("tools", [t.name for t in tools.tools], flush=True)
-        for _ in range(n):
-            r = await session.call_tool("stamp", {"path": "."})
-            print("stamp", r.content[0].text, flush=True)
 
 
 def main() -> None:

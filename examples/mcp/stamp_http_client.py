@@ -23,4 +23,5 @@ async def main(url: str, n: int) -> None:
             print("stamp", r.content[0].text, flush=True)
 
 
-asyncio.run(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3))
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3))
