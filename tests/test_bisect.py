@@ -25,189 +25,29 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from agent_history import (
+    AGENT,
+    CLI,
+    COMMITS,
+    NOTES,
+    PLANTED,
+    PY,
+    SCRIPT,
+    Edit,
+    commit,
+    env,
+    git,
+    record,
+    sub,
+)
 
-from stenograph.ci.bisect_step import Plan, Run, command, python_mode
-from stenograph.testing.model_server import ModelServer
-
-PY = sys.executable  # the venv's: the agent imports openai
-CLI = [sys.executable, "-m", "stenograph"]
-GIT_ID = ["-c", "user.name=Test", "-c", "user.email=test@example.com"]
-
-AGENT = '''"""A small tool-calling agent on the official openai SDK."""
-import json
-import os
-import sys
-
-from openai import OpenAI
-
-MAX_OUTPUT = 2000
-
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "read_file", "description": "Read a text file.",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
-                       "required": ["path"]}}},
-    {"type": "function", "function": {
-        "name": "list_dir", "description": "List a directory.",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
-                       "required": ["path"]}}},
-]
-
-
-def read_file(path):
-    with open(path, encoding="utf-8") as f:
-        return f.read()
-
-
-def list_dir(path):
-    return "\\n".join(sorted(os.listdir(path)))
-
-
-FUNCS = {"read_file": read_file, "list_dir": list_dir}
-
-
-def call_tool(name, arguments):
-    try:
-        out = FUNCS[name](**json.loads(arguments or "{}"))
-    except Exception as e:
-        return f"error: {type(e).__name__}: {e}"
-    return out[:MAX_OUTPUT]
-
-
-def main():
-    client = OpenAI()
-    messages = [{"role": "system", "content": "Use the tools, then answer."},
-                {"role": "user", "content": "What are the notes about?"}]
-    for step in range(1, 8):
-        reply = client.chat.completions.create(model="steno-test", messages=messages,
-                                               tools=TOOLS)
-        msg = reply.choices[0].message
-        if not msg.tool_calls:
-            print("final:", msg.content)
-            return 0
-        messages.append(msg.model_dump(exclude_none=True))
-        for call in msg.tool_calls:
-            result = call_tool(call.function.name, call.function.arguments)
-            print(f"step {step}: {call.function.name} -> {len(result)} chars")
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-'''
-
-NOTES = "".join(f"note {i}: the agent keeps careful notes about step {i}.\n" for i in range(12))
-SCRIPT = [
-    {"text": "Reading the notes.",
-     "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]},
-    {"text": "And what else is here.",
-     "tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]},
-    {"text": "The notes are about careful steps."},
-]
-
-Edit = Callable[[Path], None]
-
-
-def _sub(name: str, old: str, new: str) -> Edit:
-    def edit(repo: Path) -> None:
-        text = (repo / name).read_text()
-        assert old in text, (name, old)
-        (repo / name).write_text(text.replace(old, new, 1))
-    return edit
-
-
-def _write(name: str, text: str) -> Edit:
-    def edit(repo: Path) -> None:
-        (repo / name).write_text(text)
-    return edit
-
-
-PLANTED = "cut tool output to 200 characters"
-COMMITS: list[tuple[str, list[Edit]]] = [
-    ("explain the tools", [_sub("agent.py", "TOOLS = [", "# what the model may call\nTOOLS = [")]),
-    ("time the run", [_sub("agent.py", "import sys\n", "import sys\nimport time\n"),
-                      _sub("agent.py", "    client = OpenAI()\n",
-                           "    started = time.time()\n    client = OpenAI()\n"),
-                      _sub("agent.py", '            print("final:", msg.content)\n',
-                           '            print("final:", msg.content)\n'
-                           '            print(f"took {time.time() - started:.2f} s")\n')]),
-    ("give each run an id", [_sub("agent.py", "import time\n", "import time\nimport uuid\n"),
-                             _sub("agent.py", "    started = time.time()\n",
-                                  "    started = time.time()\n    run_id = uuid.uuid4()\n"
-                                  '    print("run", run_id)\n')]),
-    ("count the files it starts in", [_sub("agent.py", '    print("run", run_id)\n',
-                                           '    print("run", run_id)\n'
-                                           '    print("files:", len(os.listdir(".")))\n')]),
-    ("a helper module for the banner", [
-        _write("helpers.py", '"""Small helpers of the agent."""\n\n\ndef banner(run_id):\n'
-               '    return f"agent run {run_id}"\n'),
-        _sub("agent.py", "from openai import OpenAI\n",
-             "from openai import OpenAI\n\nfrom helpers import banner\n"),
-        _sub("agent.py", '    print("run", run_id)\n', "    print(banner(run_id))\n")]),
-    ("say what call_tool does", [_sub("agent.py", "def call_tool(name, arguments):\n",
-                                      "def call_tool(name, arguments):\n"
-                                      '    """Run one tool call; errors are its answer."""\n')]),
-    (PLANTED, [_sub("agent.py", "MAX_OUTPUT = 2000", "MAX_OUTPUT = 200")]),
-    ("comment on the step bound", [_sub("agent.py", "    for step in range(1, 8):\n",
-                                        "    # seven model calls at most\n"
-                                        "    for step in range(1, 8):\n")]),
-    ("name the step limit", [_sub("agent.py", "TOOLS = [", "MAX_STEPS = 7\n\n# tools\nTOOLS = ["),
-                             _sub("agent.py", "range(1, 8)", "range(1, MAX_STEPS + 1)")]),
-    ("a helper to describe a call", [
-        _sub("helpers.py", "def banner", "def describe(name, result):\n"
-             '    return f"{name} -> {len(result)} chars"\n\n\ndef banner'),
-        _sub("agent.py", "from helpers import banner", "from helpers import banner, describe"),
-        _sub("agent.py", 'print(f"step {step}: {call.function.name} -> {len(result)} chars")',
-             'print(f"step {step}:", describe(call.function.name, result))')]),
-    ("print what the model says", [_sub("agent.py", "        msg = reply.choices[0].message\n",
-                                        "        msg = reply.choices[0].message\n"
-                                        "        if msg.content:\n"
-                                        '            print("model:", msg.content)\n')]),
-    ("a README", [_write("README.md", "# agent\n\nA small agent that reads its notes.\n")]),
-    ("a docstring for main", [_sub("agent.py", "def main():\n",
-                                   'def main():\n    """Ask, call tools, answer."""\n')]),
-    ("list the files it sees", [_sub("agent.py", '    print("files:", len(os.listdir(".")))\n',
-                                     '    print("files:", sorted(os.listdir(".")))\n')]),
-    ("say how many steps it took", [_sub("agent.py", '            print("final:", msg.content)\n',
-                                         '            print("final:", msg.content)\n'
-                                         '            print("steps:", step)\n')]),
-]
-assert len(COMMITS) == 15
-
-
-def _git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    return subprocess.run(["git", *GIT_ID, *args], cwd=repo, env=env, capture_output=True,
-                          text=True, check=check)
-
-
-def _commit(repo: Path, message: str) -> str:
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", message)
-    return _git(repo, "rev-parse", "HEAD").stdout.strip()
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "STENO_"))}
-    env.update(extra)
-    return env
-
-
-def _record(repo: Path, out: Path, script: list, argv: list[str], **env: str) -> None:
-    with ModelServer(script=script) as srv:
-        p = subprocess.run([*CLI, "record", "-o", str(out), "--", *argv], cwd=repo,
-                           env=_env(OPENAI_BASE_URL=srv.openai_base_url,
-                                    OPENAI_API_KEY="sk-test-bisect", **env),
-                           capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr[-2000:]
+from stenograph.ci.bisect_step import Plan, Run, command
+from stenograph.runner.buildcode import python_mode
 
 
 @dataclass
@@ -230,18 +70,18 @@ class Repo:
     def bisect(self, *args: str) -> subprocess.CompletedProcess[str]:
         scratch = self.tmp / "tmpdir"  # the command's TMPDIR: left empty afterwards
         scratch.mkdir(exist_ok=True)
-        p = subprocess.run([*CLI, "bisect", *args], cwd=self.tmp, env=_env(TMPDIR=str(scratch)),
+        p = subprocess.run([*CLI, "bisect", *args], cwd=self.tmp, env=env(TMPDIR=str(scratch)),
                            capture_output=True, text=True, timeout=300)
         assert list(scratch.iterdir()) == [], "bisect left temporary files behind"
         return p
 
     def assert_untouched(self, before: dict[str, str], head: str) -> None:
         assert self.state() == before  # first: git status below refreshes the index
-        assert _git(self.path, "rev-parse", "HEAD").stdout.strip() == head
-        assert _git(self.path, "status", "--porcelain", "--ignored").stdout == ""
-        assert _git(self.path, "bisect", "log", check=False).returncode != 0
+        assert git(self.path, "rev-parse", "HEAD").stdout.strip() == head
+        assert git(self.path, "status", "--porcelain", "--ignored").stdout == ""
+        assert git(self.path, "bisect", "log", check=False).returncode != 0
         assert not (self.path / ".git" / "BISECT_LOG").exists()
-        assert len(_git(self.path, "worktree", "list").stdout.splitlines()) == 1
+        assert len(git(self.path, "worktree", "list").stdout.splitlines()) == 1
 
 
 @pytest.fixture(scope="module")
@@ -249,17 +89,17 @@ def agent_repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
     tmp = tmp_path_factory.mktemp("bisect")
     repo = tmp / "agent"
     repo.mkdir()
-    _git(repo, "init", "-q", "-b", "main")
+    git(repo, "init", "-q", "-b", "main")
     (repo / "agent.py").write_text(AGENT)
     (repo / "notes.txt").write_text(NOTES)
-    shas = [_commit(repo, "a small agent on the openai SDK")]
+    shas = [commit(repo, "a small agent on the openai SDK")]
     log = tmp / "run.steno"
-    _record(repo, log, SCRIPT, [PY, "agent.py"])
+    record(repo, log, SCRIPT, [PY, "agent.py"])
     planted = ""
     for message, edits in COMMITS:
         for edit in edits:
             edit(repo)
-        shas.append(_commit(repo, message))
+        shas.append(commit(repo, message))
         if message == PLANTED:
             planted = shas[-1]
     assert len(shas) == 16 and shas.index(planted) == 7
@@ -331,7 +171,7 @@ def test_ctrl_c_ends_every_process_and_removes_the_clone(agent_repo: Repo) -> No
         # a terminal's Ctrl-C: SIGINT to the foreground process group
         proc = subprocess.Popen([*CLI, "bisect", "--good", r.shas[0], "--bad", r.shas[-1],
                                  "--log", str(r.log), "--repo", str(r.path)], cwd=r.tmp,
-                                env=_env(TMPDIR=str(scratch)), stdout=subprocess.DEVNULL,
+                                env=env(TMPDIR=str(scratch)), stdout=subprocess.DEVNULL,
                                 stderr=sink, start_new_session=True,
                                 # a job a shell started in the background inherits SIGINT
                                 # ignored (so would this whole suite): a terminal's own
@@ -479,16 +319,16 @@ print(reply.choices[0].message.content)
 '''
 
 PKG_COMMITS: list[tuple[str, list[Edit]]] = [
-    ("a comment", [_sub("agentpkg/__main__.py", "client = OpenAI()",
+    ("a comment", [sub("agentpkg/__main__.py", "client = OpenAI()",
                         "# the model\nclient = OpenAI()")]),
-    ("describe the package", [_sub("pyproject.toml", 'version = "1.0"\n',
+    ("describe the package", [sub("pyproject.toml", 'version = "1.0"\n',
                                    'version = "1.0"\ndescription = "an agent"\n')]),
-    ("pyproject that does not parse", [_sub("pyproject.toml", 'description = "an agent"',
+    ("pyproject that does not parse", [sub("pyproject.toml", 'description = "an agent"',
                                             'description = "an agent')]),
-    ("fix pyproject", [_sub("pyproject.toml", 'description = "an agent',
+    ("fix pyproject", [sub("pyproject.toml", 'description = "an agent',
                             'description = "an agent"')]),
-    ("agentpkg 1.1", [_sub("pyproject.toml", 'version = "1.0"', 'version = "1.1"')]),
-    ("another comment", [_sub("agentpkg/__main__.py", "# the model", "# the model it talks to")]),
+    ("agentpkg 1.1", [sub("pyproject.toml", 'version = "1.0"', 'version = "1.1"')]),
+    ("another comment", [sub("agentpkg/__main__.py", "# the model", "# the model it talks to")]),
 ]
 
 
@@ -510,32 +350,32 @@ def package_repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
     tmp = tmp_path_factory.mktemp("bisect-pkg")
     repo = tmp / "agentpkg"
     (repo / "agentpkg").mkdir(parents=True)
-    _git(repo, "init", "-q", "-b", "main")
+    git(repo, "init", "-q", "-b", "main")
     (repo / "pyproject.toml").write_text(PYPROJECT)
     (repo / "inbackend.py").write_text(BACKEND)
     (repo / "agentpkg" / "__init__.py").write_text("")
     (repo / "agentpkg" / "__main__.py").write_text(PKG_MAIN)
-    shas = [_commit(repo, "agentpkg 1.0")]
+    shas = [commit(repo, "agentpkg 1.0")]
     py = _venv_seeing_ours(tmp / "venv")
-    quiet = _env(PYTHONDONTWRITEBYTECODE="1")  # nothing written into the checkout
+    quiet = env(PYTHONDONTWRITEBYTECODE="1")  # nothing written into the checkout
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "-e", str(repo)], check=True, env=quiet, cwd=tmp)
     log = tmp / "pkg.steno"
-    _record(repo, log, [{"text": "Hello."}], [str(py), "-m", "agentpkg"],
+    record(repo, log, [{"text": "Hello."}], [str(py), "-m", "agentpkg"],
             PYTHONDONTWRITEBYTECODE="1")
     planted = ""
     for message, edits in PKG_COMMITS:
         for edit in edits:
             edit(repo)
-        shas.append(_commit(repo, message))
+        shas.append(commit(repo, message))
         if message == "agentpkg 1.1":
             planted = shas[-1]
     # a branch where the commit that cannot be installed comes just before the bad one
-    _git(repo, "checkout", "-q", "-b", "side", shas[3])
-    _sub("pyproject.toml", 'description = "an agent', 'description = "an agent"')(repo)
-    _sub("pyproject.toml", 'version = "1.0"', 'version = "1.1"')(repo)
-    shas.append(_commit(repo, "fix pyproject, agentpkg 1.1"))
-    _git(repo, "checkout", "-q", "main")
+    git(repo, "checkout", "-q", "-b", "side", shas[3])
+    sub("pyproject.toml", 'description = "an agent', 'description = "an agent"')(repo)
+    sub("pyproject.toml", 'version = "1.0"', 'version = "1.1"')(repo)
+    shas.append(commit(repo, "fix pyproject, agentpkg 1.1"))
+    git(repo, "checkout", "-q", "main")
     return Repo(repo, log, shas, planted, tmp)
 
 

@@ -14,20 +14,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stenograph.errors import BadInput
 from stenograph.recorder.inputs import input_file
+from stenograph.runner.buildcode import CodeMap, candidates, inside, is_python, point
 
 PACKAGING = ("pyproject.toml", "setup.py", "setup.cfg")
 """Files whose change means the revision must be installed again (``pip install -e``)."""
@@ -38,9 +38,6 @@ GIT_ENV_DROPPED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIR
 """Set inside a git hook or alias, these would point our git commands at another
 repository than the one named."""
 
-_PYTHON = re.compile(r"^(python|pypy)(\d+(\.\d+)*)?$")
-_PY_OPTS_WITH_ARG = "WX"
-"""Short options of python that take a value (``-W error``, ``-X dev``)."""
 SKIP, ABORT = 125, 255
 """``git bisect run``: 125 skips a revision; 128 and above stop the bisect (our own bug)."""
 
@@ -171,68 +168,11 @@ def recorded_run(log: str) -> Run:
                path=bin_path if isinstance(bin_path, str) else None)
 
 
-def is_python(path: str) -> bool:
-    return bool(_PYTHON.match(os.path.basename(path)))
-
-
-def python_mode(argv: Sequence[str]) -> tuple[int | None, str | None]:
-    """For a python command line: (index of the script argument or None, ``-m``/``-c``
-    or None). The interpreter's options before it are skipped, clusters (``-um mod``,
-    ``-Wignore``) and options with a value (``-X dev``) included."""
-    i = 1
-    while i < len(argv):
-        a = argv[i]
-        if a == "--":
-            return (i + 1 if i + 1 < len(argv) else None), None
-        if a == "-" or not a.startswith("-"):
-            return (None if a == "-" else i), None
-        if a.startswith("--"):
-            i += 2 if a == "--check-hash-based-pycs" else 1
-            continue
-        for j, ch in enumerate(a[1:], 1):
-            if ch in "mc":
-                return None, "-" + ch
-            if ch in _PY_OPTS_WITH_ARG:
-                i += j == len(a) - 1  # the value is the next argument
-                break
-        i += 1
-    return None, None
-
-
-def inside(path: str, root: str) -> str | None:
-    """``path`` relative to ``root`` if it is inside it (or is it), else None."""
-    path, root = os.path.normpath(path), os.path.normpath(root)
-    if path == root:
-        return "."
-    if path.startswith(root.rstrip("/") + "/"):
-        return os.path.relpath(path, root)
-    return None
-
-
-def _candidates(argv: Sequence[str], cwd: str | None) -> Iterator[tuple[int, str, str]]:
-    """(index, prefix, path) of each argument that may name a file: ``X`` and ``--opt=X``;
-    relative paths are taken from the recorded working directory."""
-    for i, a in enumerate(argv):
-        prefix, value = "", a
-        if a.startswith("-"):
-            name, eq, rest = a.partition("=")
-            if not eq or not rest:
-                continue
-            prefix, value = name + eq, rest
-        if not value or "\0" in value:
-            continue
-        if not os.path.isabs(value):
-            if cwd is None:
-                continue
-            value = os.path.join(cwd, value)
-        yield i, prefix, value
-
-
 def tracked_args(repo: str, argv: Sequence[str], cwd: str | None,
                  revs: Sequence[str]) -> dict[str, str]:
     """Which arguments name a path one of ``revs`` tracks (repo-relative -> blob/tree)."""
     out: dict[str, str] = {}
-    for _i, _prefix, value in _candidates(argv, cwd):
+    for _i, _prefix, value in candidates(argv, cwd):
         rel = inside(value, repo)
         if rel is None or rel == "." or rel in out:
             continue
@@ -245,33 +185,17 @@ def tracked_args(repo: str, argv: Sequence[str], cwd: str | None,
 
 
 def command(plan: Plan, run: Run, venv_python: str | None) -> tuple[list[str], dict[str, str]]:
-    """The command a step replays ``run`` with, and the ``--env`` it sets.
-
-    Every argument naming a file of the repository (absolute, or relative to the
-    recorded working directory), tracked at the good or the bad revision or present in
-    this one, names the same file of the clone; a directory only where python runs it
-    (``python DIR``): a data directory stays the recorded one, which the clone lacks the
-    untracked files of. A python interpreter becomes the private venv's when the
-    revision has packaging; so does a console script the install made.
-
-    ``PYTHONPATH`` puts the clone (and its ``src``) before everything installed, the
-    recorded ``PYTHONPATH``'s entries inside the repository mapped the same way. With
-    ``python -m`` or ``-c`` run in the repository, python would put the working
-    directory first, where the sealed replay shows the recorded code: ``PYTHONSAFEPATH``
-    drops it and the clone's copy of that directory takes its place.
-    """
-    argv = list(plan.cmd or run.argv)
-    repo, work = plan.repo, plan.work
-    script, mode = python_mode(argv) if is_python(argv[0]) else (None, None)
-    for i, prefix, value in _candidates(argv, run.cwd):
-        rel = inside(value, repo)
-        if rel is None or rel == ".":
-            continue
-        there = os.path.join(work, rel)
-        kind = run.mapped.get(rel) or ("blob" if os.path.isfile(there) else
-                                       "tree" if os.path.isdir(there) else None)
-        if kind == "blob" or (kind == "tree" and i == script):
-            argv[i] = prefix + there
+    """The command a step replays ``run`` with, and the ``--env`` it sets: pointed at the
+    clone (``buildcode.point``) through the repository (every argument naming a file of
+    it, tracked at the good or the bad revision or present in this one, names the same
+    file of the clone) and, for a recording made outside the repository (a deployment
+    copy), through its working directory, taken as the repository's top. A python
+    interpreter becomes the private venv's when the revision has packaging; so does a
+    console script the install made."""
+    maps = [CodeMap(plan.repo, plan.work)]
+    if run.cwd and inside(run.cwd, plan.repo) is None:
+        maps.append(CodeMap(os.path.normpath(run.cwd), plan.work))
+    argv, env = point(plan.cmd or run.argv, run.cwd, maps, run.pythonpath, run.mapped)
     if venv_python is not None:
         bin_dir = os.path.dirname(venv_python)
         name = os.path.basename(argv[0])
@@ -280,21 +204,6 @@ def command(plan: Plan, run: Run, venv_python: str | None) -> tuple[list[str], d
         elif not name.startswith(("pip", "activate")) and os.path.isfile(
                 os.path.join(bin_dir, name)):
             argv[0] = os.path.join(bin_dir, name)
-    path: list[str] = []
-    env: dict[str, str] = {}
-    cwd_rel = inside(run.cwd, repo) if run.cwd else None
-    if mode is not None and cwd_rel is not None:
-        env["PYTHONSAFEPATH"] = "1"
-        path.append(os.path.normpath(os.path.join(work, cwd_rel)))
-    path.append(work)
-    if os.path.isdir(os.path.join(work, "src")):
-        path.append(os.path.join(work, "src"))
-    for entry in (run.pythonpath or "").split(os.pathsep):
-        if not entry:
-            continue
-        rel = inside(entry, repo)
-        path.append(os.path.normpath(os.path.join(work, rel)) if rel is not None else entry)
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
     return argv, env
 
 

@@ -43,13 +43,13 @@ from stenograph.ci.bisect_step import (
     Plan,
     base_interpreter,
     git,
-    inside,
     recorded_run,
     resolve,
     tracked_args,
     work_tree,
 )
 from stenograph.errors import BadInput
+from stenograph.runner.buildcode import inside
 
 # -- the command -------------------------------------------------------------------
 
@@ -144,7 +144,9 @@ def bisect(good: str, bad: str, logs: tuple[str, ...], repo: str, as_json: bool,
     setup.cfg) is installed into a private venv whenever those files change. A replay
     that cannot judge a revision (refused, crashed, out of time) makes git skip it.
     `-- CMD` replaces the recorded command (its paths in the repository are taken from
-    each revision too).
+    each revision too). A recording made outside the repository (a deployment copy)
+    has its working directory taken as the repository's top: the files the command
+    names there come from each revision.
 
     \b
     Example (recorded at v1.4; the steps go to stderr, the verdict to stdout):

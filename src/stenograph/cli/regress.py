@@ -12,6 +12,7 @@ import click
 
 from stenograph.ci import regress as rg
 from stenograph.errors import BadInput, CorruptLog, ReplayDiverged
+from stenograph.runner.buildcode import CodeMap
 
 
 @click.command("regress")
@@ -23,11 +24,16 @@ from stenograph.errors import BadInput, CorruptLog, ReplayDiverged
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
 @click.option("--code", "code_globs", multiple=True, metavar="GLOB",
               help="Passed to every `replay --build` (workspace files that are code).")
+@click.option("--map", "map_set", multiple=True, metavar="RECORDED=HERE",
+              help="Passed to every `replay --build`: the recorded directory's command "
+              "files are HERE's (a recording made where the agent is deployed). Default: "
+              "a recording made elsewhere maps its working directory to this one when "
+              "this one holds its program.")
 @click.option("--env", "env_set", multiple=True, metavar="NAME=VALUE",
               help="Passed to every `replay --build` (the program's environment).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def regress(directory: str, jobs: int, junit_path: str | None, as_json: bool,
-            code_globs: tuple[str, ...], env_set: tuple[str, ...],
+            code_globs: tuple[str, ...], map_set: tuple[str, ...], env_set: tuple[str, ...],
             cmd: tuple[str, ...]) -> None:
     """Build-replay every .steno under DIRECTORY against the code as it is now.
 
@@ -45,7 +51,9 @@ def regress(directory: str, jobs: int, junit_path: str | None, as_json: bool,
     logs = rg.find_logs(root)
     if not logs:
         raise BadInput("no .steno files here", directory)
-    options = [*(f"--code={g}" for g in code_globs), *(f"--env={e}" for e in env_set)]
+    maps = [CodeMap.parse(m) for m in map_set]  # checked once, here
+    options = [*(f"--code={g}" for g in code_globs), *(f"--env={e}" for e in env_set),
+               *(f"--map={m.recorded}={m.here}" for m in maps)]
     if junit_path is not None and Path(junit_path).is_dir():
         raise BadInput("--junit: is a directory", junit_path)
     t0 = time.monotonic()

@@ -17,6 +17,7 @@ import click
 from stenograph.recorder.errors import BadInput, ReplayDiverged
 from stenograph.recorder.inputs import input_file
 from stenograph.runner import buildreplay
+from stenograph.runner.buildcode import CodeMap
 from stenograph.runner.replay import ReplayRequest
 from stenograph.runner.replay import replay as replay_run
 from stenograph.runner.workspace import SecretServed
@@ -58,6 +59,11 @@ from stenograph.runner.workspace import SecretServed
               help="With --build: workspace files that are the build's code, shown as "
               "they are now (default: *.py, *.pyi, *.so, pyproject.toml, setup.py, lock "
               "files...; repeatable; `none`: every file as recorded).")
+@click.option("--map", "map_set", multiple=True, metavar="RECORDED=HERE",
+              help="With --build: the recorded directory RECORDED shows the code of HERE "
+              "(the build under test) in place of its own; its other files stay the "
+              "recording's. Default: a recording made in another directory maps its "
+              "working directory to this one when this one holds the program it ran.")
 @click.option("--env", "env_set", multiple=True, metavar="NAME=VALUE",
               help="With --build: set NAME in the program's environment (which is "
               "otherwise the recorded one), e.g. PYTHONPATH for the build under test.")
@@ -68,7 +74,8 @@ from stenograph.runner.workspace import SecretServed
 def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unsealed: bool,
            keep_tape: str | None, keep_writes: str | None, live: tuple[str, ...],
            build: bool, compare_output: bool, code_globs: tuple[str, ...],
-           env_set: tuple[str, ...], stop_at: str | None, cmd: tuple[str, ...]) -> None:
+           map_set: tuple[str, ...], env_set: tuple[str, ...], stop_at: str | None,
+           cmd: tuple[str, ...]) -> None:
     """Re-run a recorded command, serving every recorded clock, byte and listing.
 
     Sealed (the default): the program runs in a private mount namespace where /tmp is
@@ -86,7 +93,8 @@ def replay(file: str, lenient: bool, as_json: bool, allow_network: bool, unseale
         allow_network=allow_network, unsealed=unsealed,
         keep_tape=Path(keep_tape) if keep_tape else None,
         keep_writes=Path(keep_writes) if keep_writes else None, live=list(live),
-        build=build, compare_output=compare_output, code_globs=code_globs, env=overrides,
+        build=build, compare_output=compare_output, code_globs=code_globs,
+        maps=[CodeMap.parse(m) for m in map_set], env=overrides,
         stop_at=stop_at))
     if build:
         if as_json:

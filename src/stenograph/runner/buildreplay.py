@@ -3,17 +3,15 @@
 What is strict: the requests the program makes to models, tools and effects (matched by
 the Python hooks, with incidental values masked: ``interpose.incidental``), how many of
 them each process makes, and the exit status of the process tree. What is drift: every
-channel of the C tape (``shim_c/build.c``), counted per channel. This module holds what
-the CLI needs around a run: which workspace files are the build's code (they are shown
-live in the sealed workspace, everything else as recorded), and the report.
+channel of the C tape (``shim_c/build.c``), counted per channel. This module holds the
+report; which workspace files are the build's code, and where they come from, is
+``buildcode``.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,67 +19,7 @@ import msgpack
 
 from stenograph.recorder.reader import Event
 
-CODE_GLOBS = ("*.py", "*.pyc", "*.pyi", "*.pth", "*.so", "pyproject.toml", "setup.py", "setup.cfg",
-              "requirements*.txt", "uv.lock", "poetry.lock")
-"""What counts as the build's code in a workspace (``replay --build --code GLOB``)."""
-
 SEMANTIC_CHANNELS = ("model", "http", "tool")
-
-
-def code_paths(roots: Mapping[str, Mapping[str, Any]], rules: Mapping[str, Any],
-               globs: Sequence[str] = CODE_GLOBS) -> list[str]:
-    """The paths to show live in a build replay: under each recorded workspace root
-    (``roots``: root -> recorded tree), every file matching ``globs`` as it is now, and
-    every recorded one that matches, so a module the build deleted is gone. A directory
-    the recording lacks is live as a whole (a new package)."""
-    out: set[str] = set()
-    for root, tree in roots.items():
-        rule = rules.get(root)
-        for rel in tree:
-            if _is_code(rel, globs):
-                out.add(os.path.join(root, rel))
-        if not os.path.isdir(root):
-            continue
-        for dirpath, dirnames, filenames in os.walk(root):
-            reldir = os.path.relpath(dirpath, root)
-            reldir = "" if reldir == "." else reldir
-            keep = []
-            for d in dirnames:
-                rel = f"{reldir}/{d}" if reldir else d
-                if rule is not None and rule.ignored(rel, True):
-                    continue
-                keep.append(d)
-            dirnames[:] = keep
-            for f in filenames:
-                rel = f"{reldir}/{f}" if reldir else f
-                if not _is_code(rel, globs) or (rule is not None and rule.ignored(rel, False)):
-                    continue
-                out.add(os.path.join(root, _new_top(rel, tree)))
-    return sorted(_outermost(out))
-
-
-def _is_code(rel: str, globs: Sequence[str]) -> bool:
-    name = rel.rsplit("/", 1)[-1]
-    return any(fnmatch.fnmatch(name, g) for g in globs)
-
-
-def _new_top(rel: str, tree: Mapping[str, Any]) -> str:
-    """``rel``, or its outermost ancestor directory the recording does not have."""
-    parts = rel.split("/")
-    for i in range(1, len(parts)):
-        head = "/".join(parts[:i])
-        if head not in tree:
-            return head
-    return rel
-
-
-def _outermost(paths: Iterable[str]) -> list[str]:
-    out: list[str] = []
-    for p in sorted(paths):
-        if out and p.startswith(out[-1].rstrip("/") + "/"):
-            continue
-        out.append(p)
-    return out
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -28,7 +28,8 @@ from stenograph.recorder.exchanges import prepare_py_tape
 from stenograph.recorder.secretfiles import recorded_secrets, write_values
 from stenograph.recorder.snapshots import MapBlobs, load_manifest, recorded_rules, start_snapshot
 from stenograph.recorder.tape import prepare_tape, recorded_listings
-from stenograph.runner import buildreplay
+from stenograph.runner import buildcode
+from stenograph.runner.buildcode import CodeMap
 from stenograph.runner.env import replay_env
 from stenograph.runner.seal import Seal, born_since, gone_from, seal_roots
 from stenograph.runner.shim import PROTOCOL, readable
@@ -87,12 +88,14 @@ class Workspace:
 
 def restore_workspace(tape: Path, started: Mapping[str, Any], events: Sequence[Event],
                       blobs: Mapping[str, bytes], *, live: Sequence[str] = (),
-                      code_globs: Sequence[str] | None = None) -> Workspace:
+                      code_globs: Sequence[str] | None = None,
+                      maps: Sequence[CodeMap] = ()) -> Workspace:
     """Each recorded workspace root restored from the start snapshot under ``tape/ws``
     for an overlay (nothing when the recording took no snapshot). ``live`` paths are
     shown as they are now; ``code_globs`` names a build's code, live too (``("none",)``:
-    none). The values of the secret files served live go beside the tape for the hooks
-    to learn."""
+    none), except under the recorded side of a code map (``maps``), which is data
+    (``buildcode``). The values of the secret files served live go beside the tape for
+    the hooks to learn."""
     snap = start_snapshot(list(events))
     if snap is None:
         return Workspace()
@@ -101,8 +104,9 @@ def restore_workspace(tape: Path, started: Mapping[str, Any], events: Sequence[E
     rules = recorded_rules(dict(started))
     live = list(live)
     if code_globs is not None and tuple(code_globs) != ("none",):
-        live += buildreplay.code_paths({r: manifest.trees.get(r, {}) for r in manifest.roots},
-                                       rules, code_globs or buildreplay.CODE_GLOBS)
+        live += buildcode.code_paths({r: manifest.trees.get(r, {}) for r in manifest.roots},
+                                     rules, code_globs or buildcode.CODE_GLOBS,
+                                     skip=[m.recorded for m in maps])
     out = Workspace()
     t0 = started.get("started")
     out.mounts = prepare_workspace(manifest, blob_map, rules, tape / "ws", live=live,

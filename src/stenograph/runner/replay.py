@@ -10,8 +10,10 @@ effects and the exit status strict, the incidental channels served while they fi
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,8 @@ from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import BadInput, CorruptLog
 from stenograph.recorder.resumes import view
 from stenograph.recorder.tape import describe, python_stacks, read_divergences, stream_records
-from stenograph.runner import buildreplay, prepare
+from stenograph.runner import buildcode, buildreplay, prepare
+from stenograph.runner.buildcode import CodeMap
 from stenograph.runner.launch import RunResult, run_under_shim
 from stenograph.runner.seal import seal_kind
 from stenograph.runner.settings import Settings, TapeFiles
@@ -45,6 +48,8 @@ class ReplayRequest:
     build: bool = False
     compare_output: bool = False
     code_globs: tuple[str, ...] = ()
+    maps: list[CodeMap] = field(default_factory=list)
+    """Recorded directories that show a directory here's code (``buildcode``)."""
     env: dict[str, str] = field(default_factory=dict)
     stop_at: str | None = None
 
@@ -54,8 +59,10 @@ def check_request(req: ReplayRequest) -> None:
     if req.build and req.lenient:
         raise BadInput("--lenient and --build do not mix (build replay serves live values "
                        "wherever the tape does not fit)")
-    if not req.build and (req.compare_output or req.code_globs or req.env):
-        raise BadInput("--compare-output, --code and --env need --build")
+    if not req.build and (req.compare_output or req.code_globs or req.env or req.maps):
+        raise BadInput("--compare-output, --code, --map and --env need --build")
+    if req.maps and req.unsealed:
+        raise BadInput("--map needs a sealed replay (drop --unsealed)")
     for name in req.env:
         if name.startswith("STENO_"):
             raise BadInput("--env wants NAME=VALUE (not a STENO_ variable)", name)
@@ -102,7 +109,14 @@ def replay(req: ReplayRequest) -> dict[str, Any]:
                        "build): replay it with --build", file)
     protocol = prepare.protocol(started, file, build=req.build)
     recorded_argv = [str(a) for a in started["argv"]]
-    argv = prepare.here(list(req.cmd), started.get("cwd")) or recorded_argv
+    maps = code_maps(req, started, recorded_argv)
+    pointed: dict[str, str] = {}
+    if maps:  # the command's files from the build under test, its data the recording's
+        pp = (started.get("env") or {}).get("PYTHONPATH")
+        argv, pointed = buildcode.point(list(req.cmd) or recorded_argv, started.get("cwd"),
+                                        maps, pp if isinstance(pp, str) else None)
+    else:
+        argv = prepare.here(list(req.cmd), started.get("cwd")) or recorded_argv
     tape = req.keep_tape or Path(tempfile.mkdtemp(prefix="steno-tape-"))
     try:
         if req.keep_tape:
@@ -110,7 +124,7 @@ def replay(req: ReplayRequest) -> dict[str, Any]:
             (tape / "divergence").unlink(missing_ok=True)
         killed = prepare.killed_by(ended)
         prepare.fill_tape(tape, started, events, blobs, protocol=protocol, killed=killed)
-        env = prepare.environ(started, file, req.env)
+        env = prepare.environ(started, file, {**pointed, **req.env})
         settings = Settings(
             "replay", tape=tape,
             build=req.build,  # and no loop tape: another build's ticks differ
@@ -125,7 +139,7 @@ def replay(req: ReplayRequest) -> dict[str, Any]:
             ws = prepare.restore_workspace(
                 tape, started, events, blobs,
                 live=[*req.live, *([a for a in argv if Path(a).exists()] if req.cmd else [])],
-                code_globs=req.code_globs if req.build else None)
+                code_globs=req.code_globs if req.build else None, maps=maps)
         cwd = started.get("cwd")
         sealed_cwd = cwd if isinstance(cwd, str) and ws.mounts else None
         if not isinstance(cwd, str) or not Path(cwd).is_dir():
@@ -144,6 +158,9 @@ def replay(req: ReplayRequest) -> dict[str, Any]:
         if req.build:
             report = buildreplay.report(file, tape, events, ended, result, argv,
                                         req.compare_output)
+            report["code"] = ([m.to_json() for m in maps] if maps else
+                              "as recorded" if tuple(req.code_globs) == ("none",) and
+                              not req.cmd else "live at the recorded paths")
             if protocol is None:
                 report["notes"] = [f"recorded with shim protocol "
                                    f"{prepare.recorded_protocol(started)}: its C tape is "
@@ -174,6 +191,18 @@ def replay(req: ReplayRequest) -> dict[str, Any]:
         if req.keep_writes is not None:  # overlayfs's work directories: nothing to keep
             for w in req.keep_writes.glob(".work-*"):
                 shutil.rmtree(w, ignore_errors=True)
+
+
+def code_maps(req: ReplayRequest, started: Mapping[str, Any],
+              recorded_argv: list[str]) -> list[CodeMap]:
+    """The code maps of a build replay: the ones asked for, else the default rule's
+    (``buildcode.default_map``); none for a plain replay."""
+    if not req.build or req.unsealed:
+        return list(req.maps)
+    if req.maps:
+        return list(req.maps)
+    m = buildcode.default_map(req.cmd or recorded_argv, started.get("cwd"), os.getcwd())
+    return [m] if m is not None else []
 
 
 def judge(file: str, tape: Path, ended: dict[str, Any], result: RunResult,
