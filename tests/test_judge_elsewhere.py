@@ -121,6 +121,12 @@ def test_an_explicit_map_from_anywhere(deployed: Deployed) -> None:
     p = d.run("replay", "--build", "--json", "--map", f"{d.deploy}={d.repo}", str(d.log),
               cwd=d.tmp)
     assert p.returncode == 1, p.stderr
+    # the pytest plugin takes the same map (unmapped, the deployment's code would pass)
+    p = subprocess.run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "--stenograph-logs", ".", "--stenograph-map", f"{d.deploy}={d.repo}"],
+                       cwd=d.log.parent, env=env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and "1 failed" in p.stdout, p.stdout[-2000:]
+    assert "turn 2" in p.stdout, p.stdout[-2000:]
     # from an unrelated directory with no map, the code at the recorded paths is judged
     # (the deployment's own, which matches), and the report says so
     p = d.run("replay", "--build", "--json", str(d.log), cwd=d.tmp)

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from stenograph.ci import regress as rg
+from stenograph.errors import BadInput
+from stenograph.runner.buildcode import CodeMap
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -25,6 +27,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--stenograph-cmd", default=None, metavar="CMD",
                     help="Replay each log with this command instead of the recorded one "
                          "(shell words, e.g. \"python agent.py\").")
+    group.addoption("--stenograph-map", action="append", default=[], metavar="RECORDED=HERE",
+                    help="A recorded directory whose command files are HERE's (as "
+                         "`replay --build --map`; repeatable). Default: a recording made "
+                         "elsewhere maps its working directory to pytest's when that "
+                         "holds its program.")
 
 
 class DivergedError(Exception):
@@ -34,13 +41,15 @@ class DivergedError(Exception):
 class LogItem(pytest.Item):
     """One recording, build-replayed."""
 
-    def __init__(self, *, log: Path, cmd: list[str], **kwargs: Any) -> None:
+    def __init__(self, *, log: Path, cmd: list[str], options: list[str],
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.log = log
         self.cmd = cmd
+        self.options = options
 
     def runtest(self) -> None:
-        o = rg.run_one(self.name, self.log, self.cmd)
+        o = rg.run_one(self.name, self.log, self.cmd, self.options)
         drift = o.report.get("drift") or {}
         if drift:
             self.add_report_section("call", "drift", ", ".join(
@@ -66,6 +75,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     raw = config.getoption("stenograph_cmd")
     cmd = shlex.split(raw) if raw else []
+    try:
+        maps = [CodeMap.parse(m) for m in config.getoption("stenograph_map")]
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from None
+    options = [f"--map={m.recorded}={m.here}" for m in maps]
     for d in dirs:
         root = Path(d)
         if not root.exists():
@@ -75,4 +89,4 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             raise pytest.UsageError(f"--stenograph-logs: no .steno files under {d}")
         for rel, path in logs:
             items.append(LogItem.from_parent(session, name=rel, nodeid=rel, log=path,
-                                             cmd=cmd))
+                                             cmd=cmd, options=options))
