@@ -75,6 +75,16 @@ def test_an_extra_model_call_fails_as_unrecorded(agent: Recorded) -> None:
     assert code == 1, rep
     (d,) = rep["divergences"]
     assert (d["turn"], d["channel"], d["kind"]) == (5, "model", "unrecorded"), d
+    # what the build asked, and how it differs from the last recorded model call
+    assert d["request"]["method"] == "POST" and d["request"]["url"].endswith("/chat/completions")
+    assert "tools" not in d["request"]["body"], d["request"]  # asked without tools
+    assert d["nearest"] == 3 and d["nearest_is"] == "the last recorded call of its channel"
+    tools = [c for c in d["diff"] if c["path"].startswith("body $.tools[")]
+    assert tools and all(c["asked"] is None for c in tools), d["diff"]
+    text = subprocess.run([*CLI, "replay", "--build", str(agent.steno)], cwd=agent.ws,
+                          capture_output=True, text=True, timeout=120, env=clean_env()).stderr
+    assert "(not in the recording)\n  asked: POST http" in text, text
+    assert "against the last recorded call of its channel, #3:" in text, text
 
 
 def test_a_missing_model_call_fails_as_missing(agent: Recorded) -> None:
@@ -83,6 +93,12 @@ def test_a_missing_model_call_fails_as_missing(agent: Recorded) -> None:
     assert code == 1, rep
     missing = [d for d in rep["divergences"] if d["kind"] == "missing"]
     assert [(d["turn"], d["channel"]) for d in missing] == [(3, "model"), (4, "model")], rep
+    # each shows the recorded request, diffed against the last call the build made
+    for d in missing:
+        assert d["request"]["body"]["messages"][-1]["role"] == "tool", d["request"]
+        assert d["nearest"] == 1 and d["diff"], d
+        assert all(c["path"].startswith("body $.messages[") for c in d["diff"]), d["diff"]
+        assert any(c["asked"] is None for c in d["diff"])  # messages the build never sent
 
 
 def test_bad_flags_are_refused_before_anything_runs(agent: Recorded, tmp_path: Path) -> None:

@@ -131,6 +131,17 @@ def json_diff(recorded: dict[str, Any], actual: dict[str, Any],
 _ABSENT = object()
 
 
+def request_json(req: dict[str, Any], limit: int = 64_000) -> dict[str, Any]:
+    """A request as a report shows it: method, URL, and the body as JSON when it is JSON
+    (else its text, cut at ``limit`` characters)."""
+    body = req["body"]
+    doc = parse_json(body)
+    if doc is None:
+        text = body.decode("utf-8", "replace")
+        doc = text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+    return {"method": req["method"], "url": req["url"], "body": doc}
+
+
 def distance(recorded: dict[str, Any], actual: dict[str, Any]) -> int:
     """How unlike two requests are (for picking the nearest recorded candidate)."""
     return len(request_diff(recorded, actual, limit=10_000))

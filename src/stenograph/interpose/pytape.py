@@ -53,7 +53,7 @@ import msgpack
 
 from stenograph.interpose import gcpoints, resume_plan, stoppoint
 from stenograph.interpose.exits import diverged
-from stenograph.interpose.fingerprint import distance, json_diff, request_diff
+from stenograph.interpose.fingerprint import distance, json_diff, request_diff, request_json
 from stenograph.interpose.incidental import (
     Incidentals,
     differences,
@@ -588,8 +588,7 @@ class PyTape:
                                 f"{', '.join(doubt)} has an effect in doubt: refusing to "
                                 "resume (its recorded arguments would mean something else)")
         if self.build:
-            self._build_divergence(channel, pos, request,
-                                   None if nearest is None else stream[nearest])
+            self._build_divergence(channel, pos, request, stream, nearest)
         self.diverge(channel, pos, lines)
         if nearest is None:
             raise ReplayExhausted("\n".join(lines))
@@ -628,20 +627,26 @@ class PyTape:
             self._note("build-served.jsonl", {"channel": channel, "pos": entry.get("pos")})
 
     def _build_divergence(self, channel: str, pos: int, request: dict[str, Any],
-                          nearest: dict[str, Any] | None) -> None:
-        """The structured form of a semantic divergence (``replay --build --json``)."""
+                          stream: list[dict[str, Any]], nearest: int | None) -> None:
+        """The structured form of a semantic divergence (``replay --build --json``): the
+        request asked, and its diff against the nearest free recorded call -- or, for a
+        call past every recorded one (``unrecorded``), against the channel's last."""
         turn = self._turns + (1 if channel == "model" else 0)
         doc: dict[str, Any] = {
             "turn": turn, "channel": channel,
             "call": f"{channel} #{pos} {request['method']} {request['url']}",
             "kind": "unrecorded" if nearest is None else "changed",
+            "request": request_json(request),
         }
-        if nearest is not None:
+        against = stream[nearest] if nearest is not None else (stream[-1] if stream else None)
+        if against is not None:
             if self._incidentals is None and self._tape_dir is not None:
                 self._incidentals = Incidentals.from_tape(self._tape_dir)
             inc = self._incidentals or Incidentals()
-            doc["nearest"] = nearest.get("pos")
-            doc["diff"] = [c for c in json_diff(self._req_of(nearest), request)
+            doc["nearest"] = against.get("pos")
+            if nearest is None:
+                doc["nearest_is"] = "the last recorded call of its channel"
+            doc["diff"] = [c for c in json_diff(self._req_of(against), request)
                            if not incidental_only(c["recorded"], c["asked"], inc)]
         self._note("build-divergence.jsonl", doc)
 

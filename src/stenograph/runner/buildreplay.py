@@ -17,6 +17,9 @@ from typing import Any
 
 import msgpack
 
+from stenograph.interpose.fingerprint import json_diff, request_json
+from stenograph.recorder.blobs import BlobRef, BlobStore
+from stenograph.recorder.exchanges import is_lost_body
 from stenograph.recorder.reader import Event
 
 SEMANTIC_CHANNELS = ("model", "http", "tool")
@@ -89,24 +92,14 @@ def report(file: str, tape: Path, events: Sequence[Event], ended: Mapping[str, A
     for d in read_jsonl(tape / "build-divergence.jsonl"):
         divs.append({"turn": d.get("turn"), "channel": d.get("channel"), "call": d.get("call"),
                      "kind": d.get("kind"), "proc": d.get("proc"),
-                     "nearest": d.get("nearest"), "diff": d.get("diff") or []})
+                     "nearest": d.get("nearest"), "diff": d.get("diff") or [],
+                     **{k: d[k] for k in ("request", "nearest_is") if k in d}})
     served: dict[tuple[str, str], set[int]] = {}
     for s in read_jsonl(tape / "build-served.jsonl"):
         if isinstance(s.get("pos"), int):
             served.setdefault((str(s.get("proc")), str(s.get("channel"))), set()).add(s["pos"])
     if not divs:
-        for path in sorted((tape / "py").glob("*.msgpack")):
-            proc = path.stem
-            streams = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
-            for ch in SEMANTIC_CHANNELS:
-                for entry in streams.get(ch) or []:
-                    pos = entry.get("pos")
-                    if pos in served.get((proc, ch), set()):
-                        continue
-                    divs.append({"turn": turns.get((proc, ch, pos)), "channel": ch,
-                                 "call": _call(entry, ch), "kind": "missing", "proc": proc,
-                                 "diff": [{"path": "call", "recorded": _call(entry, ch),
-                                           "asked": None}]})
+        divs = _missing(tape, served, turns)
     status = {"recorded": ended.get("status"), "replayed": result.status}
     if not divs and status["recorded"] != status["replayed"]:
         divs.append({"turn": max(turns.values(), default=0), "channel": "exit",
@@ -130,6 +123,52 @@ def report(file: str, tape: Path, events: Sequence[Event], ended: Mapping[str, A
     return out
 
 
+def _missing(tape: Path, served: Mapping[tuple[str, str], set[int]],
+             turns: Mapping[tuple[str, str, int], int]) -> list[dict[str, Any]]:
+    """Each recorded call the build never made: its request, and a diff against the call
+    of its channel the build did make just before it (after it, when none came before)."""
+    divs: list[dict[str, Any]] = []
+    blobs = BlobStore(tape / "blobs")
+
+    def req(entry: Mapping[str, Any]) -> dict[str, Any]:
+        r = entry.get("request") or {}
+        body = r.get("body")
+        if not isinstance(body, bytes):
+            try:
+                body = blobs.get(BlobRef.from_body(body)) if not is_lost_body(body) else b""
+            except Exception:  # a body the tape does not hold: shown empty
+                body = b""
+        return {"method": str(r.get("method", "?")), "url": str(r.get("url", "?")),
+                "body": body}
+
+    for path in sorted((tape / "py").glob("*.msgpack")):
+        proc = path.stem
+        streams = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+        for ch in SEMANTIC_CHANNELS:
+            entries = streams.get(ch) or []
+            made = [e for e in entries if e.get("pos") in served.get((proc, ch), set())]
+            for entry in entries:
+                pos = entry.get("pos")
+                if pos in served.get((proc, ch), set()):
+                    continue
+                before = [e for e in made if isinstance(pos, int) and e.get("pos", 0) < pos]
+                near = before[-1] if before else (made[0] if made else None)
+                rec = req(entry)
+                doc: dict[str, Any] = {
+                    "turn": turns.get((proc, ch, pos)), "channel": ch,
+                    "call": _call(entry, ch), "kind": "missing", "proc": proc,
+                    "request": request_json(rec)}
+                if near is None:
+                    doc["diff"] = [{"path": "call", "recorded": _call(entry, ch),
+                                    "asked": None}]
+                else:
+                    doc["nearest"] = near.get("pos")
+                    doc["nearest_is"] = "the nearest call of its channel the build made"
+                    doc["diff"] = json_diff(rec, req(near))
+                divs.append(doc)
+    return divs
+
+
 def print_report(rep: Mapping[str, Any], echo: Any) -> None:
     """The human form: one block per divergence, one drift line, a verdict."""
     for d in rep["divergences"]:
@@ -138,8 +177,13 @@ def print_report(rep: Mapping[str, Any], echo: Any) -> None:
         what = {"changed": "changed", "unrecorded": "not in the recording",
                 "missing": "recorded but not made"}.get(str(d.get("kind")), d.get("kind"))
         echo(f"stenograph: divergence: {where}, {d['channel']}: {d['call']} ({what})")
+        req = d.get("request")
+        if isinstance(req, dict) and d.get("kind") != "changed":
+            what = "recorded" if d.get("kind") == "missing" else "asked"
+            echo(f"  {what}: {req.get('method')} {req.get('url')} body {_short(req.get('body'))}")
         if d.get("nearest") is not None:
-            echo(f"  against the nearest recorded call, #{d['nearest']}:")
+            against = d.get("nearest_is") or "the nearest recorded call"
+            echo(f"  against {against}, #{d['nearest']}:")
         for c in d.get("diff") or []:
             echo(f"  {c['path']}:")
             echo(f"    recorded {_short(c.get('recorded'))}")
