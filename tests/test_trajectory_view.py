@@ -27,7 +27,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list
         "env": record(root, "env", notes="release notes: ship it.\nnothing to do.\n"),
         # the harness cuts tool output at 20 characters
         "harness": record(root, "harness", max_output=20),
+        # a shell tool whose arguments do not name the file it reads, and the file differs
+        "shell": record(root, "shell", turns=script(SHELL)),
+        "shell-env": record(root, "shell-env", turns=script(SHELL),
+                            notes="release notes: ship it.\nnothing to do.\n"),
     }
+
+
+SHELL = {"tool_calls": [{"name": "run", "arguments": {"command": "cat n*"}}]}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -106,6 +113,16 @@ def test_diff_harness_side(runs: dict) -> None:
     first = d["differences"][0]
     assert first["source"].startswith("harness: tool result of read_file")
     assert first["b"] == NOTES[:20]
+
+
+def test_diff_environment_side_through_a_tool_that_names_no_file(runs: dict) -> None:
+    """The file a shell tool read is known by what its result shows of it: a changed
+    workspace file whose differing lines are the result's differing lines."""
+    rc, d = _diff(runs["shell"][0], runs["shell-env"][0])
+    assert rc == 1 and d["t_div"] == 3 and d["cause"] == "environment", d
+    first = d["differences"][0]
+    assert first["source"] == ("environment: tool result: the file notes.txt differs between "
+                               "the runs, and the result shows it"), first
 
 
 def test_diff_text_names_the_cause(runs: dict) -> None:

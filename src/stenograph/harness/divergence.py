@@ -10,11 +10,14 @@ it asks the question an engineer asks: was the model given the same thing?
   parameters of the request. The cause is ``model``.
 * **Different context**: each difference is found (the message lists aligned, so a
   message dropped by a truncation rule is one difference, not a shifted list of them)
-  and traced to where it came from. A tool result whose inputs changed (a file of the
-  start workspace the call names, an HTTP response) is the **environment**; so is a
-  value that differs only by a time or an id. The system prompt, the tool schemas, the
-  message list's shape, and a tool result that changed while its inputs did not, are
-  the **harness**. An earlier reply's text (the same action, other words) is the
+  and traced to where it came from. A tool result is judged by what it could have
+  read, in this order: a changed file of the start workspace the call names, or one
+  whose differing lines (or name) the differing result shows, or a changed HTTP
+  response: the **environment**; a changed code file of the workspace (``CODE_GLOBS``):
+  the **harness**; any other changed workspace file: the environment, named as what
+  the tool may have read. So is a value that differs only by a time or an id. The
+  system prompt, the tool schemas, the message list's shape, and a tool result that
+  changed while nothing it could read did, are the **harness**. An earlier reply's text (the same action, other words) is the
   **model**. The cause is the class of the first difference in context order that is
   not a mere time or id; when there are only those, it is the environment.
 
@@ -34,6 +37,7 @@ from typing import Any
 from stenograph.harness.formats import Context, canonical
 from stenograph.harness.trajectory import Trajectory, Turn
 from stenograph.recorder.blobs import BlobRef
+from stenograph.recorder.snapshots import CODE_GLOBS, is_code
 
 MODEL, HARNESS, ENVIRONMENT, NONE = "model", "harness", "environment", "none"
 SAMPLING = ("temperature", "top_p", "top_k", "seed", "max_tokens", "max_output_tokens",
@@ -150,26 +154,81 @@ def _params(t: Turn) -> dict[str, Any]:
 
 
 class _Evidence:
-    """What changed in each run's inputs before t_div: workspace files, HTTP responses."""
+    """What changed in each run's inputs before t_div: workspace files (by path inside
+    their root, with their bytes in each run), HTTP responses, the command line."""
 
     def __init__(self, a: Trajectory, b: Trajectory, t: int) -> None:
-        self.files = _changed_files(a, b)
+        self.ma, self.mb = _manifest(a), _manifest(b)
+        self.files = sorted(p for p in set(self.ma) | set(self.mb)
+                            if self.ma.get(p, (None,))[0] != self.mb.get(p, (None,))[0])
+        self.trs = (a, b)
         self.http = _changed_http(a, b, t)
         self.argv = (a.started.get("argv"), b.started.get("argv"))
 
-    def for_call(self, name: str | None, args: Any) -> str | None:
+    def for_call(self, name: str | None, args: Any, results: tuple[Any, Any]) -> str | None:
+        """Why a tool result differs, from what the call could have read: a changed file
+        its arguments name; a changed file whose own differing text (or name) is in the
+        results' differing lines; a changed HTTP response; the harness's changed code;
+        any other changed workspace file."""
         text = json.dumps(args, ensure_ascii=False) if not isinstance(args, str) else args
         for f in self.files:
             base = f.rsplit("/", 1)[-1]
             if f in text or (base and re.search(rf"(?<![\w.-]){re.escape(base)}(?![\w-])",
                                                 text)):
                 return f"{ENVIRONMENT}: tool result: the file {f} differs between the runs"
+        only = (_lines(results[0]) - _lines(results[1]), _lines(results[1]) - _lines(results[0]))
+        for f in self.files:
+            if is_code(f, CODE_GLOBS):
+                continue
+            base = f.rsplit("/", 1)[-1]
+            for side, (m, tr) in enumerate(((self.ma, self.trs[0]), (self.mb, self.trs[1]))):
+                shown = _file_lines(tr, m.get(f))
+                if any(ln in shown or (base and base in ln) for ln in only[side]):
+                    return (f"{ENVIRONMENT}: tool result: the file {f} differs between the "
+                            "runs, and the result shows it")
         if self.http:
             return f"{ENVIRONMENT}: tool result: the response of {self.http[0]} differs"
+        code = [f for f in self.files if is_code(f, CODE_GLOBS)]
+        if code:
+            return (f"{HARNESS}: tool result of {name}: its inputs are the same in both runs "
+                    f"and the harness's code differs ({', '.join(code[:3])})")
+        if self.files:
+            return (f"{ENVIRONMENT}: tool result: the workspace differs between the runs "
+                    f"({', '.join(self.files[:3])}), which the tool may have read")
         return None
 
 
-def _manifest(tr: Trajectory) -> dict[str, str]:
+def _lines(v: Any) -> set[str]:
+    """The meaningful lines of every string in ``v`` (a message, its content)."""
+    out: set[str] = set()
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            out.update(ln.strip() for ln in x.splitlines() if len(ln.strip()) >= 3)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return out
+
+
+def _file_lines(tr: Trajectory, entry: tuple[str, str] | None) -> set[str]:
+    """A snapshot file's lines (a small text file only), or nothing."""
+    if entry is None or entry[1] != "f" or not entry[0]:
+        return set()
+    try:
+        data = tr.bodies({"$blob": entry[0], "size": 0})
+    except Exception:  # an export without the blob: no evidence from it
+        return set()
+    if len(data) > 1 << 20 or b"\0" in data[:4096]:
+        return set()
+    return _lines(data.decode("utf-8", "replace"))
+
+
+def _manifest(tr: Trajectory) -> dict[str, tuple[str, str]]:
+    """Each start-snapshot entry by its path inside its root: (digest or link target,
+    kind) -- the two runs may have been made in other directories."""
     from stenograph.recorder.snapshots import load_manifest, start_snapshot
 
     ref = start_snapshot(tr.events)
@@ -186,16 +245,10 @@ def _manifest(tr: Trajectory) -> dict[str, str]:
         m = load_manifest(_Blobs(), ref)  # type: ignore[arg-type]
     except Exception:  # a file exported without its snapshots: no evidence from it
         return {}
-    # by path inside its root (the two runs may have been made in other directories)
     many = len(m.roots) > 1
     return {(f"{os.path.basename(root)}/" if many else "") + e.path:
-            e.sha256 or e.kind + e.target
+            (e.sha256 or e.target, e.kind)
             for root, tree in m.trees.items() for e in tree.values() if e.path}
-
-
-def _changed_files(a: Trajectory, b: Trajectory) -> list[str]:
-    ma, mb = _manifest(a), _manifest(b)
-    return sorted(p for p in set(ma) | set(mb) if ma.get(p) != mb.get(p))
 
 
 def _changed_http(a: Trajectory, b: Trajectory, t: int) -> list[str]:
@@ -299,7 +352,8 @@ def _message_source(ma: Any, mb: Any, calls: dict[str, Any], ev: _Evidence) -> s
         cid = _tool_call_of(ma)
         call = calls.get(cid or "")
         name = getattr(call, "name", None)
-        env = ev.for_call(name, getattr(call, "arguments", "") if call else cid or "")
+        env = ev.for_call(name, getattr(call, "arguments", "") if call else cid or "",
+                          (ma, mb))
         if env is not None:
             return env
         return (f"{HARNESS}: tool result of {name or cid}: its inputs are the same in both "

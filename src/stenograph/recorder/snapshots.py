@@ -59,6 +59,17 @@ earlier ones (twice the size each time)."""
 
 IGNORE_FILE = ".stenoignore"
 
+CODE_GLOBS = ("*.py", "*.pyc", "*.pyi", "*.pth", "*.so", "pyproject.toml", "setup.py", "setup.cfg",
+              "requirements*.txt", "uv.lock", "poetry.lock")
+"""What counts as a program's code in a workspace, not its data (a build replay shows
+these as they are now: ``replay --build --code GLOB``; ``diff`` calls a change in one the
+harness's)."""
+
+
+def is_code(rel: str, globs: Sequence[str] = CODE_GLOBS) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatch(name, g) for g in globs)
+
 
 def is_environment(path: str) -> bool:
     """A Python environment (a directory with a ``pyvenv.cfg``), whatever its name

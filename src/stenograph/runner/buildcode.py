@@ -20,7 +20,6 @@ files matching ``CODE_GLOBS`` as they are now), and the report says so.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -28,10 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stenograph.recorder.errors import BadInput
-
-CODE_GLOBS = ("*.py", "*.pyc", "*.pyi", "*.pth", "*.so", "pyproject.toml", "setup.py", "setup.cfg",
-              "requirements*.txt", "uv.lock", "poetry.lock")
-"""What counts as the build's code in a workspace (``replay --build --code GLOB``)."""
+from stenograph.recorder.snapshots import CODE_GLOBS, is_code
 
 _PYTHON = re.compile(r"^(python|pypy)(\d+(\.\d+)*)?$")
 _PY_OPTS_WITH_ARG = "WX"
@@ -187,11 +183,6 @@ def point(argv: Sequence[str], cwd: str | None, maps: Sequence[CodeMap],
         path.append(os.path.normpath(os.path.join(hit[0].here, hit[1])) if hit else entry)
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
     return argv, env
-
-
-def is_code(rel: str, globs: Sequence[str]) -> bool:
-    name = rel.rsplit("/", 1)[-1]
-    return any(fnmatch.fnmatch(name, g) for g in globs)
 
 
 def code_paths(roots: Mapping[str, Mapping[str, Any]], rules: Mapping[str, Any],
