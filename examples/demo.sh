@@ -44,7 +44,7 @@ if ! stenograph log scan "$out/agent.steno" --secret "$key" > "$out/scan.txt"; t
 fi
 echo "the API key is nowhere in $out/agent.steno"
 stenograph log verify "$out/agent.steno"
-stenograph log cat "$out/agent.steno" --json | python -c '
+stenograph log cat "$out/agent.steno" --jsonl | python -c '
 import collections, json, sys
 kinds = collections.Counter(json.loads(line)["kind"] for line in sys.stdin)
 print("events:", dict(kinds))'

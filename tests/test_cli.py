@@ -50,7 +50,7 @@ def test_append_ls_cat_roundtrip(store: Path) -> None:
     info = json.loads(r.stdout)
     counts = {t["traj"]: t["events"] for t in info["trajectories"]}
     assert counts == {"t1": 3, "t2": 1}
-    r = steno("log", "cat", str(store), "--traj", "t1", "--json")
+    r = steno("log", "cat", str(store), "--traj", "t1", "--jsonl")
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert [e["kind"] for e in lines] == ["TaskStarted", "ModelReplied", "ToolResult"]
     assert [e["seq"] for e in lines] == [0, 1, 2]
@@ -68,7 +68,7 @@ def test_export_verify_import(store: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
     r = steno("log", "import", str(out), str(other), "--as", "copy")
     assert r.returncode == 0, r.stderr
-    r = steno("log", "cat", str(other), "--json")
+    r = steno("log", "cat", str(other), "--jsonl")
     assert [json.loads(x)["kind"] for x in r.stdout.splitlines()] == [
         "TaskStarted", "ModelReplied", "ToolResult"]
 

@@ -130,7 +130,7 @@ def _nearly_full_store(path: Path) -> None:
 
 
 def _cat(store: Path) -> list[str]:
-    p = _cli("log", "cat", store, "--json")
+    p = _cli("log", "cat", store, "--jsonl")
     assert p.returncode == 0, p.stderr
     return p.stdout.splitlines()
 

@@ -122,7 +122,7 @@ def test_status_names_an_effect_in_doubt(tmp_path: Path) -> None:
                                       "idempotency_key": "k1", "epoch": 0})
     p = subprocess.run([*CLI, "status", str(store), "--json"], capture_output=True,
                        text=True, check=True)
-    report = json.loads(p.stdout)
+    (report,) = json.loads(p.stdout)["trajectories"]
     assert report["state"] == "needs-attention"
     assert report["effects"] == [{"call_id": "0/http/0", "target": "POST http://svc/payments",
                                   "state": "in-doubt", "idempotency_key": "k1", "epoch": 0}]
@@ -135,7 +135,7 @@ def test_status_names_an_effect_in_doubt(tmp_path: Path) -> None:
     ok = subprocess.run([*CLI, "settle", str(store), "x", "0/http/0", "--as", "not-done",
                          "--by", "ops"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
-    after = json.loads(subprocess.run([*CLI, "status", str(store), "--json"],
+    after = json.loads(subprocess.run([*CLI, "status", str(store), "x", "--json"],
                                       capture_output=True, text=True, check=True).stdout)
     assert after["effects"][0]["state"] == "settled"
     assert after["effects"][0]["decision"] == "not-done"

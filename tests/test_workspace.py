@@ -116,7 +116,9 @@ def test_restore_at_every_turn_equals_the_agents_own_copies(
     work, copies, steno = recorded_agent
     ls = subprocess.run([*CLI, "checkpoint", "ls", "--json", str(steno)], capture_output=True,
                         text=True, check=True)
-    rows = [json.loads(line) for line in ls.stdout.splitlines()]
+    doc = json.loads(ls.stdout)
+    rows = doc["checkpoints"]
+    assert doc["turns"] == 8
     assert [r["at"] for r in rows] == ["start", "turn", "turn", "end"]
     assert [r["turn"] for r in rows[1:3]] == [3, 6]
     shutil.rmtree(work)  # restoring needs nothing but the file

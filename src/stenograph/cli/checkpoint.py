@@ -23,6 +23,7 @@ from typing import Any
 
 import click
 
+from stenograph.cli.options import emit_json, json_stream_options
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.checkpoints import CheckpointInfo, checkpoints_of
 from stenograph.recorder.errors import BadInput, CorruptLog, StenographError
@@ -65,23 +66,24 @@ def _read(file: str) -> tuple[Any, list[CheckpointInfo]]:
 
 @checkpoint.command("ls")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def checkpoint_ls(file: str, as_json: bool) -> None:
-    """List the checkpoints of a recording: index, turn, log position, files, bytes added."""
+@json_stream_options("checkpoint")
+def checkpoint_ls(file: str, out: str) -> None:
+    """List the checkpoints of a recording: index, turn, log position, files, bytes added.
+
+    --json: `{"checkpoints": [...], "turns": N}`; --jsonl: one checkpoint per line."""
     tf, cps = _read(file)
     turns = len(_turns(tf.events))
+    rows = [{"index": c.index, "at": c.at, "turn": c.turn, "lsn": c.lsn,
+             "covers_lsn": c.covers_lsn, "files": c.files, "bytes_added": c.bytes_added,
+             "snapshot": c.snapshot.sha256} for c in cps]
+    if out != "text":
+        emit_json(out, "checkpoints", rows, {"turns": turns})
+        return
     for c in cps:
-        row = {"index": c.index, "at": c.at, "turn": c.turn, "lsn": c.lsn,
-               "covers_lsn": c.covers_lsn, "files": c.files, "bytes_added": c.bytes_added,
-               "snapshot": c.snapshot.sha256}
-        if as_json:
-            click.echo(json.dumps(row, sort_keys=True))
-        else:
-            click.echo(f"{c.index:4d}  {c.at:5s}  turn {c.turn:<4d} lsn {c.lsn:<8d} "
-                       f"{c.files:7d} files  +{c.bytes_added} bytes")
-    if not as_json:
-        click.echo(f"({turns} model turn(s); `checkpoint restore --at N` reaches any of "
-                   "them, by replay where no checkpoint was taken)", err=True)
+        click.echo(f"{c.index:4d}  {c.at:5s}  turn {c.turn:<4d} lsn {c.lsn:<8d} "
+                   f"{c.files:7d} files  +{c.bytes_added} bytes")
+    click.echo(f"({turns} model turn(s); `checkpoint restore --at N` reaches any of "
+               "them, by replay where no checkpoint was taken)", err=True)
 
 
 def _at(value: str) -> str | int:

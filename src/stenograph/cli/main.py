@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 import click
 
 from stenograph import __version__
+from stenograph.cli.options import emit_json, json_stream_options
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import WRITE_ERRNOS, BadInput, StenographError, WriteFailed
 from stenograph.recorder.inputs import input_file, output_file, traj_id
@@ -64,6 +65,9 @@ def main() -> None:
     3 corrupt log, 4 an in-doubt action needs a person, 5 paused for an approval,
     6 stopped by policy or budget, 7 a write the system refused, 8 lease lost.
     record, resume and fork otherwise exit with the program's own status.
+    \b
+    --json prints one JSON document on stdout; --jsonl (where a command
+    lists many things) one JSON object per line.
     """
 
 
@@ -75,7 +79,7 @@ def log() -> None:
     Examples:
       stenograph log append runs/ --traj t1 --kind Note --body '{"hello": "world"}'
       stenograph log ls runs/
-      stenograph log cat runs/ --traj t1 --json
+      stenograph log cat runs/ --traj t1 --jsonl
       stenograph log export runs/ t1 -o t1.steno
       stenograph log verify t1.steno
     """
@@ -175,10 +179,11 @@ def _report_torn(reader: StoreReader) -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--traj", help="Only this trajectory.")
 @click.option("--from-lsn", type=click.IntRange(min=0), default=0, help="Start at this LSN.")
-@click.option("--json", "as_json", is_flag=True,
-              help="One JSON object per line (bytes as {\"$hex\": ...}).")
-def log_cat(path: Path, traj: str | None, from_lsn: int, as_json: bool) -> None:
-    """Print the events of a store or a .steno file, in LSN order."""
+@json_stream_options("event (bytes as {\"$hex\": ...})")
+def log_cat(path: Path, traj: str | None, from_lsn: int, out: str) -> None:
+    """Print the events of a store or a .steno file, in LSN order.
+
+    --json: `{"events": [...]}`; --jsonl: one event per line, as they are read."""
     from stenograph.recorder.trajfile import read_trajectory
 
     if _kind_of_path(path) == "store":
@@ -188,8 +193,11 @@ def log_cat(path: Path, traj: str | None, from_lsn: int, as_json: bool) -> None:
         reader = None
         tf = read_trajectory(path)
         events = (e for e in tf.events if (traj is None or e.traj == traj) and e.lsn >= from_lsn)
-    for ev in events:
-        click.echo(json.dumps(ev.to_json(), ensure_ascii=False) if as_json else _line(ev))
+    if out != "text":
+        emit_json(out, "events", (ev.to_json() for ev in events))
+    else:
+        for ev in events:
+            click.echo(_line(ev))
     if reader is not None:
         _report_torn(reader)
 
@@ -355,7 +363,9 @@ def _what_stayed(store: Path, traj: str, events: int) -> str:
               help="Also look for any value in the shape of a known key (the rule set "
               "recordings are redacted with, docs/record-your-agent.md), raw or base64/hex "
               "encoded.")
-def log_scan(path: Path, secrets_: tuple[str, ...], shapes: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: `found`, "
+              "`hits`, what was looked for.")
+def log_scan(path: Path, secrets_: tuple[str, ...], shapes: bool, as_json: bool) -> None:
     """Find a secret in a store or .steno file: raw, base64 (any alignment), hex or
     URL-encoded, in every event, blob and file byte. Exits 1 if found, 0 if not.
 
@@ -406,6 +416,11 @@ def log_scan(path: Path, secrets_: tuple[str, ...], shapes: bool) -> None:
         look(f"blob {sha} (of {', '.join(users.get(sha, [])) or 'no event'})", data)
     for f in files:
         look(f"file {f}", f.read_bytes())
+    if as_json:
+        click.echo(json.dumps({"found": bool(hits), "hits": hits, "encodings": len(needles),
+                               "secrets": len(secrets_),
+                               "key_shapes": len(finder.shapes) if finder else 0}))
+        sys.exit(1 if hits else 0)
     for line in hits:
         click.echo(line)
     if hits:

@@ -1,11 +1,39 @@
 """Options several commands share: the policy and budget a live run is held to (record,
-resume), and the worker's lease."""
+resume), the worker's lease, and the one JSON convention (``--json``: one document;
+``--jsonl``: a stream, one object per line)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from typing import Any
 
 import click
+
+
+def json_stream_options(what: str) -> Any:
+    """``--json`` (one document) and ``--jsonl`` (one object per line) for a command that
+    lists ``what``; the command gets ``out`` = ``"text"``, ``"json"`` or ``"jsonl"``."""
+    def deco(fn: Any) -> Any:
+        fn = click.option("--jsonl", "out", flag_value="jsonl",
+                          help=f"One JSON object per line, one per {what} (a stream).")(fn)
+        fn = click.option("--json", "out", flag_value="json",
+                          help="Print one JSON document.")(fn)
+        return click.option("--text", "out", flag_value="text", default=True,
+                            hidden=True)(fn)
+    return deco
+
+
+def emit_json(out: str, key: str, items: Iterable[dict[str, Any]],
+              extra: dict[str, Any] | None = None) -> None:
+    """Print ``items`` as ``out`` asks: one document ``{key: [...], **extra}`` or one
+    line per item."""
+    if out == "jsonl":
+        for item in items:
+            click.echo(json.dumps(item, sort_keys=True, ensure_ascii=False, default=str))
+        return
+    click.echo(json.dumps({key: list(items), **(extra or {})}, sort_keys=True,
+                          ensure_ascii=False, default=str))
 
 
 def policy_options(fn: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from stenograph.cli.options import emit_json, json_stream_options
 from stenograph.recorder.errors import BadInput
 from stenograph.recorder.inputs import traj_id
 from stenograph.recorder.resumes import states
@@ -23,16 +24,24 @@ from stenograph.recorder.resumes import states
 @click.command("status")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.argument("traj", required=False)
-@click.option("--json", "as_json", is_flag=True,
-              help="One JSON object per trajectory, with an `effects` list.")
-def status(store: Path, traj: str | None, as_json: bool) -> None:
-    """The state of each trajectory in STORE (or of TRAJ), and of its effects."""
+@json_stream_options("trajectory")
+def status(store: Path, traj: str | None, out: str) -> None:
+    """The state of each trajectory in STORE (or of TRAJ), and of its effects.
+
+    --json prints one document: TRAJ's object (state, turns, epoch, `effects`,
+    `approvals`), or for a whole store `{"trajectories": [...]}`; --jsonl one
+    trajectory's object per line."""
     if traj is not None:
         traj_id(traj)
-    for st in states(store, traj):
-        if as_json:
+    found = states(store, traj)
+    if out == "json" and traj is not None:
+        for st in found:
             click.echo(json.dumps(st.to_json(), sort_keys=True))
-            continue
+        return
+    if out != "text":
+        emit_json(out, "trajectories", (st.to_json() for st in found))
+        return
+    for st in found:
         doubt = sum(e.state == "in-doubt" for e in st.effects)
         holder = f" (pid {st.holder})" if st.holder is not None else ""
         click.echo(f"{st.traj}  {st.state}  turns {st.turns}  epoch {st.epoch}{holder}  "

@@ -17,9 +17,10 @@ it asks the question an engineer asks: was the model given the same thing?
   the **harness**; any other changed workspace file: the environment, named as what
   the tool may have read. So is a value that differs only by a time or an id. The
   system prompt, the tool schemas, the message list's shape, and a tool result that
-  changed while nothing it could read did, are the **harness**. An earlier reply's text (the same action, other words) is the
-  **model**. The cause is the class of the first difference in context order that is
-  not a mere time or id; when there are only those, it is the environment.
+  changed while nothing it could read did, are the **harness**. An earlier reply's text
+  (the same action, other words) is the **model**. The cause is the class of the first
+  difference in context order that is not a mere time or id; when there are only those,
+  it is the environment.
 
 Pure code over two ``Trajectory`` objects; the workspace snapshots are read through
 their ``bodies``.
