@@ -25,7 +25,7 @@ import click
 
 from stenograph.cli.options import emit_json, json_stream_options
 from stenograph.recorder.blobs import BlobRef, BlobStore
-from stenograph.recorder.checkpoints import CheckpointInfo, checkpoints_of
+from stenograph.recorder.checkpoints import CheckpointInfo, checkpoints_of, times_at
 from stenograph.recorder.errors import BadInput, CorruptLog, StenographError
 from stenograph.recorder.inputs import input_file
 from stenograph.recorder.resumes import view
@@ -106,9 +106,10 @@ def checkpoint_restore(file: str, at_: str, output: str) -> None:
     """Restore the workspace of a recording as it was at a turn.
 
     A turn with a checkpoint is restored from it. Any other turn is reached by a sealed
-    replay of the recording stopped at that model request; mtimes then come from the
-    checkpoints around it where an entry is unchanged, and the command says how many
-    entries carry the replay's instead."""
+    replay of the recording stopped at that model request; its files' mtimes are the
+    ones the recording noted at that turn (a metadata walk at every turn without a
+    checkpoint). Where it noted none, they come from the checkpoints around it where an
+    entry is unchanged, and the command names each entry that keeps the replay's."""
     at = _at(at_)
     out = Path(output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -139,11 +140,20 @@ def checkpoint_restore(file: str, at_: str, output: str) -> None:
                       or (c.at in ("turn", "effect") and c.turn < at)]
             after = [c for c in cps if c.at == "end" or (c.at == "turn" and c.turn > at)
                      or (c.at == "effect" and c.turn >= at)]
-            guessed = _recorded_times(manifest, [load_manifest(MapBlobs(tf.blobs), c.snapshot)
-                                                 for c in before[-1:] + after[:1]])
-            if guessed:
-                how += (f"; {guessed} entr{'y' if guessed == 1 else 'ies'} changed between "
-                        "the checkpoints around it: the replay's mtime")
+            recorded = times_at(tf.events, at, lambda r: load_manifest(MapBlobs(tf.blobs), r))
+            if recorded is not None:
+                unknown = _exact_times(manifest, recorded)
+                how += "; mtimes as recorded at that turn"
+            else:
+                unknown = _recorded_times(manifest, [
+                    load_manifest(MapBlobs(tf.blobs), c.snapshot)
+                    for c in before[-1:] + after[:1]])
+            if unknown:
+                how += (f"; {len(unknown)} entr{'y' if len(unknown) == 1 else 'ies'} with "
+                        "the replay's mtime, not the recorded one (changed between the "
+                        "checkpoints around it, and no file times were recorded for that "
+                        "turn): " + ", ".join(unknown[:10])
+                        + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""))
         out.mkdir(parents=True, exist_ok=True)
         try:
             if len(manifest.roots) == 1:
@@ -162,7 +172,22 @@ def checkpoint_restore(file: str, at_: str, output: str) -> None:
                f"root(s) at {at_} ({how}) -> {out}", err=True)
 
 
-def _recorded_times(at: Manifest, around: list[Manifest]) -> int:
+def _exact_times(at: Manifest, recorded: dict[str, dict[str, int]]) -> list[str]:
+    """Give the entries of a replay-made snapshot the mtimes the recording had at that
+    turn (``checkpoints.times_at``); returns the paths it has none for."""
+    unknown: list[str] = []
+    for root, tree in at.trees.items():
+        known = recorded.get(root, {})
+        for path, e in list(tree.items()):
+            mt = known.get(path)
+            if mt is None:
+                unknown.append(path or ".")
+            else:
+                tree[path] = dataclasses.replace(e, mtime_ns=mt)
+    return unknown
+
+
+def _recorded_times(at: Manifest, around: list[Manifest]) -> list[str]:
     """Give the entries of a replay-made snapshot their recorded mtimes.
 
     The replay starts from the start snapshot, so whatever the replayed program wrote
@@ -172,7 +197,7 @@ def _recorded_times(at: Manifest, around: list[Manifest]) -> int:
     after the second, so its recorded mtime is the one it has there. Returns how many
     entries keep the replay's mtime (changed both after the checkpoint before and
     again before the one after)."""
-    unknown = 0
+    unknown: list[str] = []
     for root, tree in at.trees.items():
         names = _children(tree)
         for path, e in list(tree.items()):
@@ -187,7 +212,7 @@ def _recorded_times(at: Manifest, around: list[Manifest]) -> int:
                     tree[path] = dataclasses.replace(e, mtime_ns=t.mtime_ns)
                     break
             else:
-                unknown += 1
+                unknown.append(path or ".")
     return unknown
 
 

@@ -211,7 +211,7 @@ class Deriver:
         if ev.kind == "ApprovalResolved":
             return [ApprovalDecided(self.turn, at, str(b.get("call_id")),
                                     str(b.get("decision")))]
-        if ev.kind == "Checkpoint":
+        if ev.kind == "Checkpoint" and "snapshot" in b:
             self.checkpoints += 1
             return [CheckpointTaken(self.turn, at, self.checkpoints - 1, str(b.get("at")))]
         if ev.kind == "RunEnded":

@@ -4,7 +4,8 @@ A ``Checkpoint`` event names a snapshot (``recorder/snapshots.py``) and the poin
 run it belongs to: ``at`` = ``start`` (before the program ran), ``turn`` (the program
 sent its ``turn``-th model request -- taken while the recorder holds the reply back, so
 nothing the program does next is in it), ``effect`` (an effect is about to be
-dispatched: taken before its intent is written) or ``end`` (the tree exited). It is appended,
+dispatched: taken before its intent is written) or ``end`` (the tree exited); ``times``
+is not a snapshot but a turn's changed mtimes, by metadata only. It is appended,
 durable, only after the snapshot's blobs and manifest are: a checkpoint the log names
 is always whole, and one killed halfway leaves only unnamed blobs (``stenograph gc``).
 
@@ -17,11 +18,15 @@ at that model request sees the files as they were (``checkpoint restore --at N``
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from stenograph.recorder.blobs import BlobRef
 from stenograph.recorder.snapshots import Cadence, Snapshotter, Taken
+
+TIMES_MAX_S = 0.25
+"""A turn's metadata walk (``Checkpointer._times``) that took longer stops them."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class Checkpointer:
         self.turns = 0
         self.taken: list[Taken] = []
         self.errors: list[str] = []
+        self.times_seconds = 0.0
         self._lock = threading.Lock()
 
     def _take(self, at: str, covers_lsn: int, proc: str | None = None,
@@ -84,6 +90,7 @@ class Checkpointer:
         with self._lock:
             self.turns += 1
             if not self.cadence.turn():
+                self._times(proc, pos)
                 return
             try:
                 t = self._take("turn", lsn, proc, pos)
@@ -93,6 +100,23 @@ class Checkpointer:
                 return
             if not t.full:
                 self.cadence.took(t.seconds)
+
+    def _times(self, proc: str, pos: int) -> None:
+        """A turn without a checkpoint: its files' mtimes, by a stat walk (``at`` =
+        ``times``; ``checkpoint restore`` gives them back). Skipped once a walk costs
+        more than ``TIMES_MAX_S``: the restore then says which mtimes it cannot give."""
+        if self.times_seconds > TIMES_MAX_S:
+            return
+        t0 = time.perf_counter()
+        try:
+            delta = self.snap.times()
+        except Exception as exc:  # the run goes on; restore says what it lacks
+            self.errors.append(f"file times at turn {self.turns}: {type(exc).__name__}: {exc}")
+            return
+        self.times_seconds = time.perf_counter() - t0
+        self.store.append(self.traj, "Checkpoint", {
+            "at": "times", "turn": self.turns, "proc": proc, "pos": pos, "times": delta,
+            "seconds": round(self.times_seconds, 6)})
 
     def before_effect(self) -> None:
         """An effect is about to be dispatched: the files it may change, as they are
@@ -118,6 +142,42 @@ class Checkpointer:
                 self._take("end", covers_lsn)
             except Exception as exc:
                 self.errors.append(f"checkpoint at the end: {type(exc).__name__}: {exc}")
+
+
+def times_at(events: Any, turn: int, manifest_of: Any) -> dict[str, dict[str, int]] | None:
+    """Every entry's mtime when the program sent its ``turn``-th model request, from the
+    last snapshot before it and the ``times`` records after that (``manifest_of``: a
+    snapshot reference -> its ``Manifest``); None when a turn on the way has no times
+    record (skipped as too costly, or recorded before they existed)."""
+    mtimes: dict[str, dict[str, int]] | None = None
+    want = 0  # the next turn whose times record the chain needs
+    for ev in events:
+        if ev.kind != "Checkpoint" or not isinstance(ev.body, dict):
+            continue
+        b = ev.body
+        t = int(b.get("turn", 0) or 0)
+        if "snapshot" in b:
+            if b.get("at") in ("end", "pre-resume") or (t >= turn and b.get("at") != "start"):
+                continue
+            m = manifest_of(BlobRef.from_body(b["snapshot"]))
+            mtimes = {root: {e.path: e.mtime_ns for e in tree.values()}
+                      for root, tree in m.trees.items()}
+            want = t + 1
+        elif b.get("at") == "times" and mtimes is not None and t <= turn:
+            if t != want:
+                mtimes = None  # a gap: what changed in it is not known
+                continue
+            for root, delta in (b.get("times") or {}).items():
+                tree = mtimes.setdefault(str(root), {})
+                for rel, mt in delta.items():
+                    if isinstance(mt, int):
+                        tree[str(rel)] = mt
+                    else:
+                        tree.pop(str(rel), None)
+            want = t + 1
+            if t == turn:
+                return mtimes
+    return None
 
 
 def checkpoints_of(events: Any) -> list[CheckpointInfo]:

@@ -221,6 +221,10 @@ class _Seen:
     ino: int
 
 
+def _shape(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (stat.S_IFMT(st.st_mode), st.st_mtime_ns, st.st_size, st.st_ino)
+
+
 def scan(root: str, rules: IgnoreRules, limits: Limits
          ) -> tuple[dict[str, os.stat_result], int]:
     """Stat every path under ``root`` the rules keep: ``{rel: stat}``, and how many
@@ -341,6 +345,7 @@ class Snapshotter:
                 seen[rel] = _Seen(entry, st.st_ino)
             trees[root] = tree
             self._seen[root] = seen
+            self._shapes[root] = {rel: _shape(st) for rel, st in stats.items() if rel in tree}
         if wrote:
             self.blobs.sync()
         manifest = Manifest(list(self.roots), trees)
@@ -352,7 +357,29 @@ class Snapshotter:
         return Taken(ref, manifest, full, manifest.files(), added, len(body),
                      time.perf_counter() - t0, skipped)
 
+    def times(self) -> dict[str, dict[str, int | None]]:
+        """What changed since the last snapshot or ``times``, by metadata only (a stat
+        walk, nothing read or stored): ``{root: {rel: mtime_ns, or None if gone}}`` --
+        the mtimes a turn without a checkpoint leaves, which a replay cannot give back
+        (the kernel stamps what the replayed program writes with today's clock)."""
+        out: dict[str, dict[str, int | None]] = {}
+        for root in self.roots:
+            src = self.read_from(root) if self.read_from is not None else root
+            rules = (self.rules.with_file(src) if isinstance(self.rules, IgnoreRules)
+                     else self.rules.get(root, IgnoreRules()))
+            stats, _ = scan(src, rules, self.limits)
+            now = {rel: _shape(st) for rel, st in stats.items()}
+            last = self._shapes.get(root, {})
+            delta: dict[str, int | None] = {rel: sh[1] for rel, sh in now.items()
+                                            if last.get(rel) != sh}
+            delta.update({rel: None for rel in last if rel not in now})
+            self._shapes[root] = now
+            out[root] = delta
+        return out
+
     def __post_init__(self) -> None:
+        self._shapes: dict[str, dict[str, tuple[int, int, int, int]]] = {}
+        """Per root, each path's (type, mtime_ns, size, inode) at the last look."""
         self._prev_manifest: Manifest | None = None
         self._root_secrets: SecretRules | None = None
         self.redacted: list[tuple[str, Secret]] = []

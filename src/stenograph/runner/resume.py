@@ -398,7 +398,8 @@ def _seal_workspace(s: Store, store: Path, traj: str, rp: ResumePlan, tape: Path
     mounts = prepare_workspace(manifest, blobs, rules, tape / "ws")
     known: dict[str, dict[str, set[str]]] = {}
     ran = [BlobRef.from_body(e.body["snapshot"]) for e in all_events
-           if e.kind == "Checkpoint" and e.body.get("at") not in ("pre-resume", "start")]
+           if e.kind == "Checkpoint" and "snapshot" in e.body
+           and e.body.get("at") not in ("pre-resume", "start")]
     refs = [snap, *ran[-3:]]
     for ref in refs:
         with contextlib.suppress(OSError, KeyError, ValueError, StenographError):
