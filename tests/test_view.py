@@ -319,12 +319,69 @@ def test_effect_agent_page_shows_turns_badges_chart(golden: dict[str, Path],
     _assert_painted(shot)
 
 
-def _assert_painted(png: Path) -> None:
+@pytest.fixture(scope="module")
+def coding_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/coding_agent.py recorded in a workspace of its own: it runs shell
+    commands, writes, edits and deletes files (checkpoints by the default cadence)."""
+    root = tmp_path_factory.mktemp("coding")
+    work = root / "work"
+    (work / "build").mkdir(parents=True)
+    (work / "old.txt").write_text("stale\n")
+    (work / "build" / "x.o").write_bytes(b"\x7fELF")
+    out = root / "coding.steno"
+    with ModelServer(script=REPO / "examples" / "coding_script.json") as srv:
+        p = subprocess.run([*CLI, "record", "-o", str(out), "--", sys.executable,
+                            str(REPO / "examples" / "coding_agent.py")], cwd=work,
+                           capture_output=True, timeout=180,
+                           env=_clean_env(OPENAI_BASE_URL=srv.openai_base_url,
+                                          OPENAI_API_KEY="sk-view"))
+    assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
+    return out
+
+
+@needs_browser
+def test_each_turn_shows_its_commands_files_and_times(coding_run: Path,
+                                                      tmp_path: Path) -> None:
+    """The view shows what each turn did in the world: the commands it ran (with exit
+    status and time), the files it changed (a diff where the recording holds both
+    sides), the model call's and the work's time, and a timeline of them all. The
+    screenshot (the page's top: header, charts, timeline, the first turns) is kept
+    under tmp_path for a person to look at."""
+    page = tmp_path / "coding.html"
+    p = view(coding_run, "-o", page)
+    assert p.returncode == 0, p.stderr
+    shot = tmp_path / "coding.png"
+    with ThreadPoolExecutor(2) as pool:
+        dom_f = pool.submit(dump, url(page, "turn-3"))
+        shot_f = pool.submit(_chromium, f"--screenshot={shot}", "--window-size=1280,1600",
+                             url=url(page))
+        _, tree = dom_f.result()
+        assert shot_f.result().returncode == 0
+    t1, t3, t6 = (tree.by_id(f"turn-{n}") for n in (1, 3, 6))
+    assert t1 is not None and t3 is not None and t6 is not None
+    cmds = [li.text() for li in t1.select("li", "cmd")]
+    assert any(c.startswith("ranls -laexit 0") for c in cmds), cmds  # (texts joined)
+    assert any(c.startswith("ransh -c ls -la") for c in cmds), cmds
+    assert "model call" in t1.select(cls="timing")[0].text()
+    files3 = [li.text() for li in t3.select("li", "file")]
+    assert "addedsrc/app.py" in files3 and "addedmain.py" in files3, files3
+    assert [li.text() for li in t6.select("li", "file")] == ["deletedold.txt"]
+    # turn 3 is opened by its link: the diff of the file it made is there
+    body = t3.text()
+    assert "Files this turn changed" in body and "+print(42)" in body, body[-2000:]
+    line = tree.by_id("timeline")
+    assert line is not None and line.tag == "svg"
+    assert len(line.select("rect", "model")) == 8
+    assert len(line.select("rect", "cmd")) >= 10
+    _assert_painted(shot, (1280, 1600))
+
+
+def _assert_painted(png: Path, size: tuple[int, int] = (1280, 900)) -> None:
     """A real screenshot: a PNG of the window's size with many colours in it."""
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     width, height, pixels = _png_pixels(data)
-    assert (width, height) == (1280, 900)
+    assert (width, height) == size
     assert len(set(pixels[::97])) > 8  # text, badges, bars: not one flat colour
 
 

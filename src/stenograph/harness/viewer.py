@@ -6,8 +6,11 @@ Content-Security-Policy forbids every fetch and lets only this module's own scri
 run). What it shows is read from the ``Trajectory``: a header (trajectory, file,
 turns, tokens, exit status, the fork's parent), a token chart, and one card per model
 turn (model, tokens, the chosen action, the calls and effects with their state, the
-approvals and checkpoints), each expandable to the context the model was given, its
-reply and the tool results.
+approvals and checkpoints, and its work in the world from ``work.py``: the commands it
+ran with their exit status and time, the files it changed, how long its model call and
+its work took), each expandable to the context the model was given, its reply, the tool
+results and the diffs of the files it changed. A timeline puts every model call, every
+turn's work and every command on one time axis.
 
 Everything recorded is untrusted text (a web page a tool fetched, a model's answer),
 so it reaches the page only as escaped HTML (``html.escape``) or as JSON data that the
@@ -33,6 +36,7 @@ from typing import Any
 
 from stenograph.harness.formats import Answer, Context, answers_in, canonical, context_of
 from stenograph.harness.trajectory import Call, Trajectory, Turn, action_line
+from stenograph.harness.work import TurnWork, turn_work
 
 MESSAGE_CAP = 20_000
 """Characters of one message (or result, or argument list) the page carries."""
@@ -76,6 +80,8 @@ def render(run: Run, *, other: Run | None = None, divergence: dict[str, Any] | N
                                   enumerate(runs)), "</div>",
         banner(divergence, runs) if other is not None else "",
         "<div class=\"charts\">", *(chart(r.trajectory, "tokens-chart" + ("-b" if i else ""))
+                                    for i, r in enumerate(runs)), "</div>",
+        "<div class=\"charts\">", *(timeline(r.trajectory, "timeline" + ("-b" if i else ""))
                                     for i, r in enumerate(runs)), "</div>",
         "<nav class=\"pager\" id=\"pager\"></nav>",
         "<main id=\"turns\"><noscript><p class=\"note\">The turn list is drawn by the page's "
@@ -157,6 +163,7 @@ def run_data(tr: Trajectory) -> dict[str, Any]:
     turns = []
     last = len(tr.turns) - 1
     nxt = _context(tr.turns[0]) if tr.turns else None
+    work = turn_work(tr)
     for pos, t in enumerate(tr.turns):
         ctx, nxt = nxt or _context(t), _context(tr.turns[pos + 1]) if pos < last else None
         base, keep = shared_prefix(ctx.messages, [(s.pos, s.messages) for s in recent])
@@ -165,6 +172,7 @@ def run_data(tr: Trajectory) -> dict[str, Any]:
         recent = [*recent[-(RECENT - 1):], _Seen(pos, ctx.messages, state)]
         turns.append(turn_data(t, ctx, tables, base, keep, results=answers_for(t, nxt),
                                digest=digest, open_end=pos == last and not tr.record.ended))
+        turns[-1]["work"] = work_data(work[pos], tables)
     return {"traj": tr.traj, "turns": turns, "strings": tables.strings,
             "cut": {str(k): v for k, v in tables.cut.items()}, "msgs": tables.msgs,
             "toolsets": tables.toolsets}
@@ -254,6 +262,18 @@ def turn_data(t: Turn, ctx: Context, tables: _Tables, base: int, keep: int, *,
         "sys": tables.string(None if ctx.system is None else _text(ctx.system)),
         "tools": tables.toolset([tool_name(x) for x in ctx.tools]),
     }
+
+
+def work_data(w: TurnWork, tables: _Tables) -> dict[str, Any]:
+    """A turn's work for the script: seconds of its model call and of its work, its
+    commands ``[line, status, seconds, cwd]``, its files ``[path, change, diff id]``."""
+    doc = w.to_json()
+    s0, s1, s2 = w.span
+    doc["model_s"] = None if s0 is None or s1 is None else round(s1 - s0, 6)
+    doc["work_s"] = None if s1 is None or s2 is None else round(s2 - s1, 6)
+    doc["files"] = [[p, ch, -1 if d is None else tables.string("\n".join(d))]
+                    for p, ch, d in w.files]
+    return doc
 
 
 def call_data(c: Call) -> list[Any]:
@@ -449,6 +469,51 @@ def chart(tr: Trajectory, ident: str) -> str:
             f"y=\"0\" width=\"0\" height=\"{2 * h + 4}\"/>{''.join(bars)}</svg></figure>")
 
 
+def timeline(tr: Trajectory, ident: str) -> str:
+    """The run on one time axis: each model call (blue), each turn's work after it
+    (grey) and each command it ran (orange, one row per command at once). One
+    ``g.seg`` per piece; a click opens its turn."""
+    work = turn_work(tr)
+    segs: list[tuple[int, str, float, float, str]] = []  # (turn, cls, start, end, title)
+    for i, w in enumerate(work):
+        s0, s1, s2 = w.span
+        if s0 is not None and s1 is not None:
+            segs.append((i + 1, "model", s0, s1, f"turn {i + 1}: model call {s1 - s0:.3f} s"))
+        if s1 is not None and s2 is not None and s2 > s1:
+            segs.append((i + 1, "work", s1, s2, f"turn {i + 1}: its work {s2 - s1:.3f} s"))
+        for c in w.commands:
+            end = c.ended if c.ended is not None else (s2 or c.started)
+            segs.append((i + 1, "cmd", c.started, end,
+                         f"turn {i + 1}: {c.command[:200]} (exit {c.status}, "
+                         f"{end - c.started:.3f} s)"))
+    if not segs:
+        return ("<figure class=\"chart\"><p class=\"note\">no timings recorded (a recording "
+                "made before they were noted)</p></figure>")
+    t0 = min(x[2] for x in segs)
+    span = max(max(x[3] for x in segs) - t0, 1e-6)
+    rows = {"model": 0, "work": 0, "cmd": 1}
+    lanes: list[float] = []
+    out = []
+    for turn, cls, a, b, title in segs:
+        y = rows[cls] * 10
+        if cls == "cmd":  # commands at once go on lanes of their own
+            free = next((k for k, end in enumerate(lanes) if end <= a), None)
+            if free is None:
+                free = len(lanes)
+                lanes.append(b)
+            lanes[free] = b
+            y = 10 + 6 * free
+        x, wdt = (a - t0) / span * 1000, max((b - a) / span * 1000, 0.8)
+        out.append(f"<g class=\"seg\" data-turn=\"{turn}\"><title>{_e(title)}</title>"
+                   f"<rect class=\"{cls}\" x=\"{x:.2f}\" y=\"{y}\" width=\"{wdt:.2f}\" "
+                   f"height=\"{8 if cls != 'cmd' else 5}\"/></g>")
+    height = 12 + 6 * max(1, len(lanes))
+    return (f"<figure class=\"chart\"><figcaption>timeline, {span:.2f} s: model calls (blue), "
+            "each turn's work (grey), the commands it ran (orange)</figcaption>"
+            f"<svg id=\"{ident}\" class=\"timeline\" viewBox=\"0 0 1000 {height}\" "
+            f"preserveAspectRatio=\"none\" role=\"img\">{''.join(out)}</svg></figure>")
+
+
 def _csp(script: str) -> str:
     """Only this script runs (its hash), nothing is fetched: an escaping mistake could
     at worst show markup, never run a recorded script or send data anywhere."""
@@ -478,6 +543,15 @@ figcaption{color:var(--mute);font-size:12px}
 svg.tokens{width:100%;height:110px;display:block;cursor:pointer}
 rect.tin{fill:#5b7fe0}rect.tout{fill:#e08a3c}rect.window{fill:#2f5bd31a}
 g.bar:hover rect{opacity:.6}
+svg.timeline{width:100%;height:60px;display:block;cursor:pointer}
+rect.model{fill:#5b7fe0}rect.work{fill:#c4cad3}rect.cmd{fill:#e08a3c}
+g.seg:hover rect{opacity:.6}
+.timing{color:var(--mute);font-size:12px}
+ul.cmds,ul.files{list-style:none;margin:4px 0 0;padding:0;font-size:12.5px}
+ul.cmds li,ul.files li{margin:1px 0}
+.exit{display:inline-block;border-radius:10px;padding:0 6px;font-size:11px;margin-left:6px;
+color:#fff;background:#2e8b57}.exit.bad{background:#c0392b}
+.change{color:var(--mute);font-size:12px;margin-right:4px}
 .banner{margin:12px 0 0;padding:10px 14px;border-radius:8px;border:1px solid #e3b341;
 background:#fff8e1}
 .banner.cause-none{border-color:#8fcf9b;background:#eefaf0}
@@ -563,6 +637,7 @@ _JS = r"""
     return box;
   }
   function badge(state) { return el("span", "state state-" + state, state); }
+  function secs(x) { return x < 1 ? Math.round(x * 1000) + " ms" : x.toFixed(2) + " s"; }
 
   function context(k, pos) {  /* a turn's message ids: its base's first keep, then its own */
     var chain = [], p = pos, r = runs[k];
@@ -596,6 +671,16 @@ _JS = r"""
     t.tcalls.forEach(function (c) {
       add(box, el("div", "mono", "\u2192 " + c[0] + "  [" + c[2] + "]"), full(r, c[1], true));
     });
+    var fw = t.work;
+    if (fw && fw.files.length) {
+      add(box, el("h3", null, "Files this turn changed"));
+      fw.files.forEach(function (f) {
+        add(box, el("div", "mono", f[1] + " " + f[0]));
+        if (f[2] >= 0) add(box, full(r, f[2]));
+        else add(box, el("p", "note", "no diff: the recording holds this file's bytes " +
+          "before or after the turn only in no snapshot (or it is binary or large)"));
+      });
+    }
     if (t.tcalls.length) {
       add(box, el("h3", null, "Tool results"));
       if (!t.results.length) {
@@ -637,6 +722,31 @@ _JS = r"""
           el("span", "target", preview(c[0], 160)), badge(c[1])));
       });
       a.appendChild(ul);
+    }
+    var w = t.work;
+    if (w) {
+      var parts = [];
+      if (w.model_s !== null) parts.push("model call " + secs(w.model_s));
+      if (w.work_s !== null) parts.push("work " + secs(w.work_s));
+      if (parts.length) a.appendChild(el("div", "timing", parts.join(" \u00b7 ")));
+      if (w.commands.length) {
+        var cl = el("ul", "cmds");
+        w.commands.forEach(function (c) {
+          var ex = el("span", "exit" + (c[1] === "0" ? "" : " bad"),
+            c[1] === null ? "no exit" : "exit " + c[1]);
+          add(cl, add(el("li", "cmd"), el("span", "kind", "ran"),
+            el("code", null, preview(c[0], 200)), ex,
+            c[2] === null ? null : el("span", "timing", " " + secs(c[2]))));
+        });
+        a.appendChild(cl);
+      }
+      if (w.files.length) {
+        var fl = el("ul", "files");
+        w.files.forEach(function (f) {
+          add(fl, add(el("li", "file"), el("span", "change", f[1]), el("code", null, f[0])));
+        });
+        a.appendChild(fl);
+      }
     }
     if (t.approvals.length || t.cps.length) {
       var marks = el("ul", "marks");
@@ -737,10 +847,10 @@ _JS = r"""
     if (h) target.scrollIntoView({block: "start"});
   }
 
-  document.querySelectorAll("svg.tokens").forEach(function (svg) {
+  document.querySelectorAll("svg.tokens, svg.timeline").forEach(function (svg) {
     svg.addEventListener("click", function (ev) {
-      var g = ev.target.closest && ev.target.closest("g.bar");
-      var side = svg.id === "tokens-chart-b" ? "b-" : "";
+      var g = ev.target.closest && ev.target.closest("g.bar, g.seg");
+      var side = /-b$/.test(svg.id) ? "b-" : "";
       if (g) location.hash = side + "turn-" + g.getAttribute("data-turn");
     });
   });

@@ -124,6 +124,7 @@ class ExchangeServer:
                 return
             if self._before_append is not None:
                 self._before_append()
+            body["at"] = time.time()  # when its answer came (``harness/work.py``)
             lsn = self.store.append(self.traj, "Exchange", body, durable=True)
         except Exception as exc:  # the store refused it (a full disk): say so, go on
             with self._lock:
@@ -155,6 +156,8 @@ class ExchangeServer:
         if self._before_append is not None:
             self._before_append()
         fields = {k: v for k, v in body.items() if k != "kind"}
+        if kind == "ContextBuilt":  # when the model call began (``harness/work.py``)
+            fields["at"] = time.time()
         if kind == "Stop":  # the program stops itself (a resume refusing drift)
             self.stopped_for = str(body.get("reason"))
             kind, fields = "Authorized", {"decision": "stop", "reason": self.stopped_for}

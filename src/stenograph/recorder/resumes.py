@@ -39,7 +39,7 @@ CUT_KINDS = frozenset({"Exchange", "ToolIntent", "ContextBuilt"})
 MCP = "mcp"
 """The channel of MCP tool calls (``interpose/mcp_client.py``)."""
 
-DROPPED_AFTER_CUT = frozenset({"TapeChunk", "Checkpoint"})
+DROPPED_AFTER_CUT = frozenset({"TapeChunk", "Checkpoint", "ProcessStarted", "ProcessEnded"})
 """What a resume runs again: the tape (and snapshots) past its cut."""
 
 

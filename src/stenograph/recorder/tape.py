@@ -21,6 +21,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -448,6 +449,10 @@ class RecordSession:
         answer = 1
         try:
             self._drain(peer.arena)
+            if not replayed:  # what the run did, for a person: ``harness/work.py``
+                self.store.append(self.traj, "ProcessStarted",
+                                  {"proc": proc, "command": line, "cwd": cwd,
+                                   "at": time.time()}, durable=False)
             if call_id in self.settled:
                 if self.settled[call_id] == "done":
                     answer = 2
@@ -509,9 +514,12 @@ class RecordSession:
         self._sync_cut("0", 0)
 
     def _exited(self, proc: str, status: str) -> None:
-        """A process ended through exit: the result of the exec effect it ran, if any."""
+        """A process ended through exit: its ``ProcessEnded``, and the result of the exec
+        effect it ran, if any."""
         with self._lock:
             call_id = self._pending.pop(proc, None)
+        self.store.append(self.traj, "ProcessEnded", {"proc": proc, "status": status,
+                                                      "at": time.time()}, durable=False)
         if call_id is not None:
             self.store.append(self.traj, "ToolResult",
                               {"call_id": call_id, "channel": "exec", "status": status},
