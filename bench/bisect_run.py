@@ -1,7 +1,7 @@
 """Bisect: `stenograph bisect` over 16 commits, against a plain `git bisect run` whose
 test runs the agent live against the model server.
 
-The repository is the one ``tests/test_bisect.py`` builds (its recipe is imported, so
+The repository is the one ``tests/agent_history.py`` describes (its recipe is imported, so
 the shapes cannot drift apart): a tool-calling agent on the ``openai`` SDK, recorded at
 its first commit against the loopback model server, then 15 commits, the 7th of them
 cutting tool output shorter so that the request of turn 2 changes.
@@ -42,7 +42,7 @@ from stenograph.testing.model_server import ModelServer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from test_bisect import AGENT, COMMITS, NOTES, PLANTED, SCRIPT  # noqa: E402
+from agent_history import AGENT, COMMITS, NOTES, PLANTED, SCRIPT  # noqa: E402
 
 sys.path.remove(str(ROOT / "tests"))
 
