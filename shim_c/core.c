@@ -191,7 +191,7 @@ static void map_stream(tls_t *t, int ch) {
     stream_t *s = &t->st[ch];
     s->mapped = 1;
     s->base = NULL;
-    s->size = s->off = 0;
+    s->size = s->off = s->dropped = 0;
     s->pos = 0;
     char path[1400];
     path_of_stream(path, sizeof path, t->tindex, ch);
@@ -606,6 +606,17 @@ static void diverged(void) {
     die(DIVERGENCE_EXIT);
 }
 
+/* The pages of a stream's mapping well behind its read offset back to the kernel: a
+ * replay's memory is a window per stream, not the tape (a page read again is read from
+ * the file again: the mapping is private and never written). */
+static void stream_release(stream_t *s) {
+    size_t to = (s->off - STREAM_LAG) & ~(size_t)4095;
+    if (to > s->dropped) {
+        RS3(SYS_madvise, s->base + s->dropped, to - s->dropped, MADV_DONTNEED);
+        s->dropped = to;
+    }
+}
+
 static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, uint32_t argn,
                                   uint32_t *plen) {
     uint16_t site = t->site; /* before the handlers due here can take it */
@@ -626,6 +637,7 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
                    (rsite == site || !rsite || !site || g_anysite))) {
             s->off += 8 + n;
             s->pos++;
+            if (UNLIKELY(s->off - s->dropped > STREAM_WINDOW)) stream_release(s);
             if (ch != CH_SIGNAL) t->sigk = 0;
             *plen = n;
             inshim_leave();

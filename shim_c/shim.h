@@ -198,9 +198,15 @@ _Static_assert(offsetof(arena_t, slot) == ARENA_HDR, "arena layout");
 typedef struct {
     const unsigned char *base;
     size_t size, off;
+    size_t dropped; /* the pages before this offset were given back (core.c stream_release) */
     uint32_t pos;
     int mapped;
 } stream_t;
+
+enum {
+    STREAM_WINDOW = 1 << 20, /* served past the last release by this much: release again */
+    STREAM_LAG = 256 << 10   /* kept behind the read offset (a payload still in use) */
+};
 
 typedef struct {
     int init;

@@ -9,6 +9,7 @@ action needs a person, 5 paused, 6 stopped, 7 a write the system refused, 8 leas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -378,6 +379,7 @@ def log_scan(path: Path, secrets_: tuple[str, ...], shapes: bool, as_json: bool)
 
     from stenograph.interpose.redact import encodings
     from stenograph.recorder.blobs import blob_refs
+    from stenograph.recorder.chunks import chunk_data
     from stenograph.recorder.keyshapes import KeyShapes, maintained
     from stenograph.recorder.trajfile import read_trajectory
 
@@ -410,6 +412,9 @@ def log_scan(path: Path, secrets_: tuple[str, ...], shapes: bool, as_json: bool)
     for i, ev in enumerate(events):
         look(f"event {i} (lsn {ev.lsn}, {ev.kind})",
              msgpack.packb(ev.body, use_bin_type=True, default=repr))
+        if ev.kind == "TapeChunk" and "zdata" in ev.body:  # the records, inflated
+            with contextlib.suppress(ValueError):
+                look(f"event {i} (lsn {ev.lsn}, TapeChunk records)", chunk_data(ev.body))
         for ref in blob_refs(ev.body):
             users.setdefault(ref.sha256, []).append(f"event {i}")
     for sha, data in blobs.items():

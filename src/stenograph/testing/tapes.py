@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from stenograph.recorder.chunks import chunk_data
 from stenograph.recorder.tape import CHANNEL_IDS, iter_records, net_address
 from stenograph.recorder.trajfile import read_trajectory
 
@@ -16,8 +17,8 @@ def tape_connects(steno: Path) -> list[str]:
     net = CHANNEL_IDS["net"]
     peers: list[str] = []
     for ev in read_trajectory(steno).events:
-        if ev.kind != "TapeChunk" or not isinstance(ev.body.get("data"), bytes):
+        if ev.kind != "TapeChunk":
             continue
-        peers += [net_address(p) for ch, op, p in iter_records(ev.body["data"])
+        peers += [net_address(p) for ch, op, p in iter_records(chunk_data(ev.body))
                   if ch == net and op == OP_NET_CONNECT]
     return peers
