@@ -25,6 +25,7 @@ from conftest import SMALL, segments
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stenograph.recorder import chunks, trajfile
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.codec import (
     Event,
@@ -74,7 +75,7 @@ def sample_events() -> list[Event]:
     ref = {"$blob": "a" * 64, "size": 3}
     return [
         Event(1, "t", 0, None, "RunStarted", {"argv": ["x"], "env": {}}),
-        Event(2, "t", 1, 1, "TapeChunk", {"proc": "0", "thread": 0, "data": tape_bytes(3)}),
+        Event(2, "t", 1, 1, "TapeChunk", chunks.encode("0", 0, tape_bytes(3))),  # zstd
         Event(3, "t", 2, 2, "TapeChunk", {"proc": "0.1", "thread": 2, "data": tape_bytes(2)}),
         Event(4, "t", 3, 3, "ToolResult", {"out": ref, "n": [1, 2.5, None, b"\x00"]}),
         Event(5, "t", 4, 4, "RunEnded", {"status": 0}),
@@ -213,6 +214,13 @@ def test_fuzz_trajectory_file(seeds, scratch, data: st.DataObject) -> None:
     tf = _total(read_trajectory, f)
     if tf is not None:
         _consume(tf.events, path / "tape")
+        was, trajfile.LAZY_OVER = trajfile.LAZY_OVER, 0  # every chunk read when used
+        try:
+            lazy = _total(read_trajectory, f, lazy_tape=True)
+        finally:
+            trajfile.LAZY_OVER = was
+        assert lazy is not None and len(lazy.events) == len(tf.events)
+        _total(prepare_tape, lazy.events, path / "tape-lazy")
         for sha in tf.header.get("external_blobs", []):
             _total(tf.blobs.__getitem__, sha)
     shutil.rmtree(path)
@@ -223,8 +231,12 @@ def test_fuzz_trajectory_file(seeds, scratch, data: st.DataObject) -> None:
     {"proc": st.sampled_from(["0", "0.1", "1", "../x", 7, None]),
      "thread": st.integers(-1, 2**40) | st.none() | st.text(max_size=3),
      "data": st.binary(max_size=40) | st.builds(tape_bytes, st.integers(0, 3))},
-), max_size=4))
-def test_fuzz_prepare_tape(scratch, bodies: list[dict[str, object]]) -> None:
+), max_size=4), zstd=st.lists(st.tuples(st.binary(max_size=40) | st.builds(
+    lambda n: chunks.encode("0", 0, tape_bytes(n))["zdata"], st.integers(3, 9)),
+    st.integers(-1, 1 << 27)), max_size=3))
+def test_fuzz_prepare_tape(scratch, bodies: list[dict[str, object]],
+                           zstd: list[tuple[bytes, int]]) -> None:
+    bodies = bodies + [{"proc": "0", "thread": 0, "zdata": z, "size": n} for z, n in zstd]
     events = [Event(i + 1, "t", i, i or None, "TapeChunk", b) for i, b in enumerate(bodies)]
     tape = scratch()
     _total(prepare_tape, events, tape)

@@ -359,7 +359,8 @@ def test_embedded_and_external_blobs_verify(tmp_path) -> None:
     store = BlobStore(tmp_path / "blobs")
     store.put(b"tool output")
     whole = write_trajectory(tmp_path / "w.steno", "t", [WITH_REF], blobs=store)
-    assert whole.blobs == {SHA: b"tool output"}
+    assert whole.blobs == 1
+    assert read_trajectory(tmp_path / "w.steno").blobs == {SHA: b"tool output"}
     r = steno("log", "verify", str(tmp_path / "w.steno"), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["blobs"] == 1
     thin = write_trajectory(tmp_path / "n.steno", "t", [WITH_REF])

@@ -276,7 +276,7 @@ def log_export(store: Path, traj: str, output: Path, no_blobs: bool) -> None:
         raise WriteFailed(f"{exc.strerror}: nothing was written"
                           + (f", {output} is as it was" if existed else ""),
                           str(exc.filename or output)) from None
-    click.echo(f"wrote {output}: {len(tf.events)} events, {len(tf.blobs)} blobs")
+    click.echo(f"wrote {output}: {tf.events} events, {tf.blobs} blobs")
 
 
 @log.command("import")

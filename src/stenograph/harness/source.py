@@ -75,7 +75,7 @@ def open_recording(path: str | Path, traj: str | None = None) -> Recording:
         return Recording(str(p), traj, {"traj": traj}, events, BlobStore(p / "blobs"))
     from stenograph.recorder.trajfile import read_trajectory
 
-    tf = read_trajectory(p)
+    tf = read_trajectory(p, lazy_tape=True)  # the view needs the turns, not the tape
     if traj is not None and traj != tf.traj:
         raise BadInput(f"the file holds trajectory {tf.traj!r}, not {traj!r}", str(p))
     return Recording(str(p), tf.traj, tf.header, view(tf.events), tf.blobs)

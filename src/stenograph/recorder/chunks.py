@@ -23,7 +23,9 @@ recorder 40 times more CPU in Python (a C encoder could take them later, as a ne
 
 A body is ``{"proc", "thread", "zdata": <one zstd frame>, "size": <raw bytes>}``; an
 older one ``{"proc", "thread", "data": <raw records>}`` reads as it always did, and so
-does the empty ``data`` of a cut marker. Decoding is total: a frame that is not zstd,
+does the empty ``data`` of a cut marker; a reader that keeps a long run's events without
+their tape leaves ``{"$frame": <where>}`` instead (``trajfile.FrameRef``). Decoding is
+total: a frame that is not zstd,
 or that inflates to anything but ``size`` bytes (at most ``MAX_CHUNK``), is a
 ``ValueError`` the caller turns into ``CorruptLog``.
 """
@@ -63,7 +65,11 @@ def encode(proc: str, thread: int, data: bytes) -> dict[str, Any]:
 
 
 def chunk_data(body: Mapping[str, Any]) -> bytes:
-    """The raw records of a ``TapeChunk`` body, in either encoding."""
+    """The raw records of a ``TapeChunk`` body, in either encoding (or where a lazy
+    reader left it: ``{"$frame": trajfile.FrameRef}``)."""
+    ref = body.get("$frame")
+    if ref is not None:
+        body = ref.body()
     data = body.get("data")
     if isinstance(data, bytes):
         return data

@@ -131,6 +131,7 @@ class FrameScanner:
 
     def __iter__(self) -> Iterator[tuple[int, int, Any]]:
         buf, limit, off = self.buf, len(self.buf), self.start
+        released = 0
         unpack_header = FRAME_HEADER.unpack_from
         while True:
             if off + 8 > limit:
@@ -170,6 +171,8 @@ class FrameScanner:
                 item = item.first_lsn
             yield off, 8 + length, item
             off = body_at + length
+            if off - released > RELEASE_EVERY:
+                released = _release(buf, released, off)
 
     def _damage(self, off: int, reason: str) -> None:
         if not self.torn_ok:
@@ -177,6 +180,21 @@ class FrameScanner:
         if _marker_after(self.buf, off + 1, len(self.buf), self.salt, self.number):
             raise CorruptLog(f"{reason}; later batches were acknowledged", self.name, off)
         self.tail = Tail(off, _last_nonzero(self.buf, off, len(self.buf)) - off, reason)
+
+
+RELEASE_EVERY = 8 << 20
+"""A scan of a mapped file gives back the pages it has read every this many bytes: a
+reader's memory does not grow with the file (every frame it yields is a copy)."""
+
+
+def _release(buf: bytes | mmap.mmap, lo: int, hi: int) -> int:
+    """``madvise(DONTNEED)`` the whole pages of ``buf[lo:hi]``; the new low mark."""
+    if not isinstance(buf, mmap.mmap):
+        return hi
+    hi -= hi % mmap.PAGESIZE
+    if hi > lo:
+        buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    return max(lo, hi)
 
 
 def _all_zero(buf: bytes | mmap.mmap, lo: int, hi: int) -> bool:

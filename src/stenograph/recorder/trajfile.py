@@ -22,14 +22,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
-from stenograph.recorder.blobs import BlobStore, blob_refs
+from stenograph.recorder.blobs import BlobRef, BlobStore, blob_refs
 from stenograph.recorder.codec import (
     Event,
     decode_payload,
@@ -38,7 +38,7 @@ from stenograph.recorder.codec import (
     pack_body,
     unpack,
 )
-from stenograph.recorder.errors import BadInput, CorruptLog
+from stenograph.recorder.errors import BadInput, CorruptLog, StenographError
 from stenograph.recorder.kinds import FORMAT_VERSION
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.segment import (
@@ -97,54 +97,85 @@ def blob_frames(sha: str, data: bytes) -> list[bytes]:
                                 use_bin_type=True)) for i in range(n)]
 
 
+@dataclass(frozen=True)
+class Written:
+    """What ``write_trajectory`` wrote: the file's header (its counts)."""
+
+    header: dict[str, Any]
+
+    @property
+    def events(self) -> int:
+        return int(self.header["events"])
+
+    @property
+    def blobs(self) -> int:
+        return int(self.header["blobs"])
+
+
 def write_trajectory(
     out: str | Path,
     traj: str,
-    events: Iterable[Event],
+    events: Iterable[Event] | Callable[[], Iterable[Event]],
     *,
     blobs: BlobStore | None = None,
     extra: dict[str, Any] | None = None,
-) -> TrajectoryFile:
+) -> Written:
     """Write ``events`` (all of one trajectory) to ``out`` atomically.
+
+    ``events`` may be a function that gives them afresh each time it is called (a
+    store's reader): then memory does not grow with their number -- a first pass counts
+    them and gathers the blobs they reference (the header, the file's first frame, says
+    both), a second writes them as they come; the blobs follow one at a time. The file
+    is a temporary one, synced and renamed.
 
     With ``blobs``, every blob the events reference is embedded; a referenced
     blob missing from the store is an error, not a silently thinner file.
     """
     out = Path(out)
-    evs = list(events)
-    embedded: dict[str, bytes] = BlobMap()
+    if not callable(events):
+        evs = events if isinstance(events, (list, tuple)) else list(events)
+        events = lambda: evs  # noqa: E731
+    refs: dict[str, BlobRef] = {}
     external: set[str] = set()
-    for ev in evs:
-        refs = blob_refs(ev.body)
-        if ev.kind == "Checkpoint" and blobs is not None and refs:
-            refs = closure(blobs, refs[0])  # the snapshot's manifests and files
-        for ref in refs:
+    count, first, last = 0, 0, 0
+    for ev in events():
+        first, last, count = first if count else ev.lsn, ev.lsn, count + 1
+        found = blob_refs(ev.body)
+        if ev.kind == "Checkpoint" and blobs is not None and found:
+            found = closure(blobs, found[0])  # the snapshot's manifests and files
+        for ref in found:
             if blobs is None:
                 external.add(ref.sha256)
-            elif ref.sha256 not in embedded:
-                embedded[ref.sha256] = blobs.get(ref)
+            else:
+                refs.setdefault(ref.sha256, ref)
     header: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "stenograph": __version__,
         "traj": traj,
-        "events": len(evs),
-        "first_lsn": evs[0].lsn if evs else 0,
-        "last_lsn": evs[-1].lsn if evs else 0,
-        "blobs": len(embedded),
+        "events": count,
+        "first_lsn": first,
+        "last_lsn": last,
+        "blobs": len(refs),
         **({"external_blobs": sorted(external)} if external else {}),
         **(extra or {}),
     }
-    parts = [
-        SegmentHeader(TRAJ_MAGIC, FORMAT_VERSION, 0, 0).pack(),
-        frame(msgpack.packb(header, use_bin_type=True)),
-    ]
-    parts.extend(encode_event(ev) for ev in evs)
-    for sha, data in sorted(embedded.items()):
-        parts.extend(blob_frames(sha, data))
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.writelines(parts)
+            f.write(SegmentHeader(TRAJ_MAGIC, FORMAT_VERSION, 0, 0).pack())
+            f.write(frame(msgpack.packb(header, use_bin_type=True)))
+            written = 0
+            for ev in events():
+                if written == count:  # appended since the first pass: not in this file
+                    break
+                f.write(encode_event(ev))
+                written += 1
+            if written != count:
+                raise StenographError(f"the trajectory changed while it was written "
+                                      f"({count} events, then {written})", str(out))
+            for sha in sorted(refs):
+                assert blobs is not None
+                f.writelines(blob_frames(sha, blobs.get(refs[sha])))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, out)
@@ -157,19 +188,19 @@ def write_trajectory(
         fsync_dir(out.parent if str(out.parent) else Path("."))
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(out)) from None
-    return TrajectoryFile(header, evs, embedded)
+    return Written(header)
 
 
 def export_trajectory(
     store_path: str | Path, traj: str, out: str | Path, *, embed_blobs: bool = True
-) -> TrajectoryFile:
-    """Export one trajectory of a store (read-only; a live writer may hold it)."""
-    reader = StoreReader(store_path)
-    evs = list(reader.events(traj=traj))
-    if not evs:
+) -> Written:
+    """Export one trajectory of a store (read-only; a live writer may hold it), its
+    events streamed from the store to the file."""
+    if next(StoreReader(store_path).events(traj=traj), None) is None:
         raise BadInput(f"no trajectory {traj!r} in the store", str(store_path))
     blobs = BlobStore(Path(store_path) / "blobs") if embed_blobs else None
-    return write_trajectory(out, traj, evs, blobs=blobs)
+    return write_trajectory(out, traj, lambda: StoreReader(store_path).events(traj=traj),
+                            blobs=blobs)
 
 
 def _decode(payload: bytes, version: int) -> Any:
@@ -179,8 +210,36 @@ def _decode(payload: bytes, version: int) -> Any:
     return decode_payload(payload, version)
 
 
-def read_trajectory(path: str | Path) -> TrajectoryFile:
-    """Read and fully check a trajectory file."""
+LAZY_OVER = 4096
+"""With ``lazy_tape``, a ``TapeChunk`` frame larger than this is read again when used."""
+
+
+@dataclass(frozen=True)
+class FrameRef:
+    """Where a ``TapeChunk``'s records are in a trajectory file, for a reader that keeps
+    the events of a long run but not their tape (``read_trajectory(lazy_tape=True)``;
+    ``chunks.chunk_data`` follows it)."""
+
+    path: str
+    offset: int
+    size: int
+    version: int
+
+    def body(self) -> dict[str, Any]:
+        with open(self.path, "rb") as f:
+            raw = os.pread(f.fileno(), self.size, self.offset)
+        item = next(iter(FrameScanner(raw, self.path, start=0, torn_ok=False,
+                                      version=self.version, decode=_decode)), None)
+        if not isinstance(item, tuple) or not isinstance(item[2], Event):
+            raise CorruptLog("a tape chunk's frame changed since the file was read",
+                             self.path, self.offset)
+        return item[2].body
+
+
+def read_trajectory(path: str | Path, *, lazy_tape: bool = False) -> TrajectoryFile:
+    """Read and fully check a trajectory file. ``lazy_tape``: every large ``TapeChunk``
+    body is a ``{"proc", "thread", "$frame": FrameRef}`` read again when its records are
+    asked for, so the events of a run of any length fit in memory (a replay)."""
     path = Path(path)
     name = str(path)
     if not path.exists():
@@ -212,6 +271,11 @@ def read_trajectory(path: str | Path) -> TrajectoryFile:
             if item.seq != len(events) or item.prev != prev_lsn:
                 raise CorruptLog(f"event seq {item.seq} out of order", name, off)
             prev_lsn = item.lsn
+            if lazy_tape and item.kind == "TapeChunk" and _size > LAZY_OVER and \
+                    "cut" not in item.body:
+                item = Event(item.lsn, item.traj, item.seq, item.prev, item.kind, {
+                    "proc": item.body.get("proc"), "thread": item.body.get("thread"),
+                    "$frame": FrameRef(name, off, _size, hdr.version)})
             events.append(item)
             try:
                 refs = blob_refs(item.body)

@@ -85,7 +85,7 @@ def load(path: str) -> tuple[dict[str, Any], dict[str, Any], list[Event], dict[s
     run's as one run) and the blobs."""
     from stenograph.recorder.trajfile import read_trajectory
 
-    tf = read_trajectory(path)
+    tf = read_trajectory(path, lazy_tape=True)  # a run of any length: its tape stays on disk
     tf.events = view(tf.events)  # a resumed run: each resume's re-run edge dropped
     started = next((e.body for e in tf.events if e.kind == "RunStarted"), None)
     ended = next((e.body for e in tf.events if e.kind == "RunEnded"), None)
