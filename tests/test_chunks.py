@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stenograph.recorder import chunks, trajfile
+from stenograph.recorder import chunks, segment, trajfile
 from stenograph.recorder.codec import Event
 from stenograph.recorder.tape import RECORD, iter_records, iter_runs, prepare_tape
 
@@ -86,11 +86,11 @@ def test_prepare_tape_reads_every_encoding_alike(
     base = tmp_path_factory.mktemp("tape")
     steno = base / "t.steno"
     trajfile.write_trajectory(steno, "t", small)
-    was, trajfile.LAZY_OVER = trajfile.LAZY_OVER, 0
+    was, segment.LAZY_OVER = segment.LAZY_OVER, 0
     try:
         lazy = trajfile.read_trajectory(steno, lazy_tape=True).events
     finally:
-        trajfile.LAZY_OVER = was
+        segment.LAZY_OVER = was
     assert all("$frame" in e.body for e in lazy)
     trees = []
     for name, events in (("raw", raw), ("small", small), ("lazy", lazy)):

@@ -25,7 +25,7 @@ from conftest import SMALL, segments
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stenograph.recorder import chunks, trajfile
+from stenograph.recorder import chunks, segment
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.codec import (
     Event,
@@ -214,11 +214,11 @@ def test_fuzz_trajectory_file(seeds, scratch, data: st.DataObject) -> None:
     tf = _total(read_trajectory, f)
     if tf is not None:
         _consume(tf.events, path / "tape")
-        was, trajfile.LAZY_OVER = trajfile.LAZY_OVER, 0  # every chunk read when used
+        was, segment.LAZY_OVER = segment.LAZY_OVER, 0  # every chunk read when used
         try:
             lazy = _total(read_trajectory, f, lazy_tape=True)
         finally:
-            trajfile.LAZY_OVER = was
+            segment.LAZY_OVER = was
         assert lazy is not None and len(lazy.events) == len(tf.events)
         _total(prepare_tape, lazy.events, path / "tape-lazy")
         for sha in tf.header.get("external_blobs", []):

@@ -21,6 +21,7 @@ from stenograph.recorder.segment import (
     FrameScanner,
     SegmentHeader,
     Tail,
+    lazy_chunk,
     map_file,
     read_header,
 )
@@ -100,12 +101,17 @@ class StoreReader:
         self.last_header: SegmentHeader | None = None
         self.next_lsn = 1
         self.salt = read_salt(self.path)
+        self._versions: dict[Path, int] = {}
 
-    def events(self, *, traj: str | None = None, from_lsn: int = 0) -> Iterator[Event]:
-        """Every event (of ``traj``, from ``from_lsn``), in LSN order."""
-        for _seg, _off, _size, ev in self.frames():
+    def events(self, *, traj: str | None = None, from_lsn: int = 0,
+               lazy_tape: bool = False) -> Iterator[Event]:
+        """Every event (of ``traj``, from ``from_lsn``), in LSN order. ``lazy_tape``: a
+        large ``TapeChunk``'s records are read again from the segment when used
+        (``segment.lazy_chunk``)."""
+        for seg, off, size, ev in self.frames():
             if isinstance(ev, Event) and ev.lsn >= from_lsn and (traj is None or ev.traj == traj):
-                yield ev
+                yield lazy_chunk(ev, str(seg), off, size, self._versions[seg]) \
+                    if lazy_tape else ev
 
     def frames(self) -> Iterator[tuple[Path, int, int, Event | int]]:
         """Every frame with its segment, offset and size; markers are ints."""
@@ -117,6 +123,7 @@ class StoreReader:
             buf = map_file(seg)
             name = str(seg)
             header = read_header(buf, name, WAL_MAGIC)
+            self._versions[seg] = header.version
             if expect_number is not None and header.number != expect_number:
                 raise CorruptLog(f"segment number {header.number}, expected {expect_number}",
                                  name, 0)

@@ -28,6 +28,7 @@ from typing import Any
 from stenograph.recorder.codec import (
     FRAME_HEADER,
     MAX_FRAME,
+    Event,
     SaltedMarker,
     decode_payload,
     marker_tag,
@@ -180,6 +181,44 @@ class FrameScanner:
         if _marker_after(self.buf, off + 1, len(self.buf), self.salt, self.number):
             raise CorruptLog(f"{reason}; later batches were acknowledged", self.name, off)
         self.tail = Tail(off, _last_nonzero(self.buf, off, len(self.buf)) - off, reason)
+
+
+LAZY_OVER = 4096
+"""With ``lazy_tape``, a ``TapeChunk`` frame larger than this is read again when used."""
+
+
+@dataclass(frozen=True)
+class FrameRef:
+    """Where a ``TapeChunk``'s records are in a segment or trajectory file, for a reader
+    that keeps the events of a long run but not their tape (``lazy_chunk``;
+    ``chunks.chunk_data`` follows it)."""
+
+    path: str
+    offset: int
+    size: int
+    version: int
+
+    def body(self) -> dict[str, Any]:
+        with open(self.path, "rb") as f:
+            raw = os.pread(f.fileno(), self.size, self.offset)
+        item = next(iter(FrameScanner(raw, self.path, start=0, torn_ok=False,
+                                      version=self.version)), None)
+        if item is None or not isinstance(item[2], Event):
+            raise CorruptLog("a tape chunk's frame changed since the file was read",
+                             self.path, self.offset)
+        return item[2].body
+
+
+def lazy_chunk(ev: Any, path: str, offset: int, size: int, version: int) -> Any:
+    """``ev``, or for a large ``TapeChunk`` (not a cut marker) the same event whose body
+    is ``{"proc", "thread", "$frame": FrameRef}``: the events of a run of any length fit
+    in memory, its tape read again, one chunk at a time, when it is prepared."""
+    if not isinstance(ev, Event) or ev.kind != "TapeChunk" or size <= LAZY_OVER or \
+            "cut" in ev.body:
+        return ev
+    return Event(ev.lsn, ev.traj, ev.seq, ev.prev, ev.kind, {
+        "proc": ev.body.get("proc"), "thread": ev.body.get("thread"),
+        "$frame": FrameRef(path, offset, size, version)})
 
 
 RELEASE_EVERY = 8 << 20

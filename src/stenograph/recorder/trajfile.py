@@ -29,6 +29,7 @@ from typing import Any
 
 import msgpack
 
+from stenograph.recorder import segment
 from stenograph.recorder.blobs import BlobRef, BlobStore, blob_refs
 from stenograph.recorder.codec import (
     Event,
@@ -210,32 +211,6 @@ def _decode(payload: bytes, version: int) -> Any:
     return decode_payload(payload, version)
 
 
-LAZY_OVER = 4096
-"""With ``lazy_tape``, a ``TapeChunk`` frame larger than this is read again when used."""
-
-
-@dataclass(frozen=True)
-class FrameRef:
-    """Where a ``TapeChunk``'s records are in a trajectory file, for a reader that keeps
-    the events of a long run but not their tape (``read_trajectory(lazy_tape=True)``;
-    ``chunks.chunk_data`` follows it)."""
-
-    path: str
-    offset: int
-    size: int
-    version: int
-
-    def body(self) -> dict[str, Any]:
-        with open(self.path, "rb") as f:
-            raw = os.pread(f.fileno(), self.size, self.offset)
-        item = next(iter(FrameScanner(raw, self.path, start=0, torn_ok=False,
-                                      version=self.version, decode=_decode)), None)
-        if not isinstance(item, tuple) or not isinstance(item[2], Event):
-            raise CorruptLog("a tape chunk's frame changed since the file was read",
-                             self.path, self.offset)
-        return item[2].body
-
-
 def read_trajectory(path: str | Path, *, lazy_tape: bool = False) -> TrajectoryFile:
     """Read and fully check a trajectory file. ``lazy_tape``: every large ``TapeChunk``
     body is a ``{"proc", "thread", "$frame": FrameRef}`` read again when its records are
@@ -271,11 +246,8 @@ def read_trajectory(path: str | Path, *, lazy_tape: bool = False) -> TrajectoryF
             if item.seq != len(events) or item.prev != prev_lsn:
                 raise CorruptLog(f"event seq {item.seq} out of order", name, off)
             prev_lsn = item.lsn
-            if lazy_tape and item.kind == "TapeChunk" and _size > LAZY_OVER and \
-                    "cut" not in item.body:
-                item = Event(item.lsn, item.traj, item.seq, item.prev, item.kind, {
-                    "proc": item.body.get("proc"), "thread": item.body.get("thread"),
-                    "$frame": FrameRef(name, off, _size, hdr.version)})
+            if lazy_tape:
+                item = segment.lazy_chunk(item, name, off, _size, hdr.version)
             events.append(item)
             try:
                 refs = blob_refs(item.body)

@@ -100,7 +100,7 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
     store, traj = req.store, req.traj
     if not (store / "wal").is_dir():
         raise BadInput("not a store (no wal/ directory)", str(store))
-    events = list(StoreReader(store).events(traj=traj))
+    events = list(StoreReader(store).events(traj=traj, lazy_tape=True))
     if not events:
         raise BadInput(f"no trajectory {traj!r} in the store", str(store))
     rp = plan(traj, events)
@@ -116,7 +116,7 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
     try:
         # read again now that this worker holds the store: nothing can be appended
         # between this plan and the claim (a worker that lost its lease is fenced)
-        events = list(StoreReader(store).events(traj=traj))
+        events = list(StoreReader(store).events(traj=traj, lazy_tape=True))
         rp = plan(traj, events)
         if rp.state.state == "ended":
             return {"traj": traj, "resumed": False, "state": "ended",
@@ -143,13 +143,13 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
                 found.append((d["call_id"], said, f"probe: {probe.command}"))
         if found:  # settled without a person: a key makes it safe to send again, or a probe
             _settle(store, traj, found)
-            events = list(StoreReader(store).events(traj=traj))
+            events = list(StoreReader(store).events(traj=traj, lazy_tape=True))
             rp = plan(traj, events)
         inside = covered(rp.events, rp.state)
         if inside:  # what a server did for an MCP call settled done is settled with it
             _settle(store, traj, [(cid, "done", f"inside {outer}, settled done")
                                   for cid, outer in inside])
-            events = list(StoreReader(store).events(traj=traj))
+            events = list(StoreReader(store).events(traj=traj, lazy_tape=True))
             rp = plan(traj, events)
         net = [d for d in rp.in_doubt if d.get("channel") in ("net", "exec")
                or (d.get("channel") == "mcp" and d["settle"] == "person")]
