@@ -97,6 +97,8 @@ def _run(req: ForkRequest, rec: Any, fp: forking.ForkPlan, extra: list[dict[str,
                 blobs.put(data)
             for ev in fp.prefix:
                 body = ev.body
+                if "$frame" in body:  # a chunk the lazy reader left in the file
+                    body = body["$frame"].body()
                 if ev.kind == "RunStarted":  # another build: its replays run that command
                     body = {**body, "parent": fp.parent, **(
                         {"argv": argv, "build_of": recorded_argv} if argv else {})}
