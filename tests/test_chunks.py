@@ -47,6 +47,25 @@ def test_any_chunk_round_trips(data: bytes) -> None:
     assert chunks.chunk_data(body) == data
 
 
+def test_threads_encoding_at_once_each_get_their_own_frames() -> None:
+    """The recorder drains each process's rings on its own thread: chunks compressed at
+    the same moment must not mix (a shared zstd compressor made frames that inflate to
+    another thread's bytes)."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    def work(seed: int) -> bool:
+        rnd = random.Random(seed)
+        for _ in range(200):
+            data = pack([(1, 1, rnd.randbytes(24)) for _ in range(rnd.randint(3, 400))])
+            if chunks.chunk_data(chunks.encode("0", seed, data)) != data:
+                return False
+        return True
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(work, range(16)))
+
+
 @given(z=st.binary(max_size=200), size=st.integers(-5, 1 << 30))
 def test_a_bad_chunk_is_a_value_error(z: bytes, size: int) -> None:
     try:

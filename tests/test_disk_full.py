@@ -387,7 +387,8 @@ def _kill_tree(pid: int) -> None:
 
 
 def _record_on_a_full_disk(tmp_path: Path, small_disk: Path, counting_server: str,
-                           extra_env: dict[str, str]) -> subprocess.Popen[str]:
+                           extra_env: dict[str, str], before: str = "",
+                           ) -> subprocess.Popen[str]:
     from stenograph.recorder.store import Store, StoreSettings
 
     # the store's tail segment (256 KiB) takes the run's start and its tape, not the
@@ -396,7 +397,7 @@ def _record_on_a_full_disk(tmp_path: Path, small_disk: Path, counting_server: st
         st.append("before", "Note", {})
     _fill(small_disk, 200)
     prog = tmp_path / "agent.py"
-    prog.write_text(PROGRAM)
+    prog.write_text(before + PROGRAM)
     p = subprocess.Popen([*CLI, "record", "--workspace", "none", "--store",
                           str(small_disk / "store"), "-o", str(tmp_path / "out.steno"),
                           "--", sys.executable, str(prog), counting_server, str(400 << 10)],
@@ -433,8 +434,11 @@ def test_an_exchange_the_store_cannot_take_leaves_the_program_unharmed(
 def test_an_effect_whose_intent_cannot_be_kept_is_not_sent(
         tmp_path: Path, small_disk: Path, counting_server: str) -> None:
     """Intent before effect: with no room for the intent, the POST never leaves; the
-    program is told so by the transport, and the recording says why in one line."""
-    p = _record_on_a_full_disk(tmp_path, small_disk, counting_server, {})
+    program is told so by the transport, and the recording says why in one line. The
+    program first reads 256 KiB of entropy: tape no compression shrinks, which fills the
+    store's tail segment before the POST (the disk has no room for another)."""
+    p = _record_on_a_full_disk(tmp_path, small_disk, counting_server, {},
+                               before="import os\nfor _ in range(64):\n    os.urandom(4096)\n")
     out, err = p.communicate(timeout=30)
     assert "status 200" not in out, out  # the effect was not made
     assert "could not make the intent of POST" in err and "was not sent" in err, err

@@ -33,6 +33,7 @@ or that inflates to anything but ``size`` bytes (at most ``MAX_CHUNK``), is a
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,9 +52,24 @@ def _zstd() -> Any:
     return zstandard
 
 
-@functools.cache
+_local = threading.local()
+
+
 def _compressor() -> Any:
-    return _zstd().ZstdCompressor(level=LEVEL)
+    """This thread's compressor: a ``ZstdCompressor`` is not safe to share between
+    threads (the recorder drains each process's rings on a thread of its own, and two
+    frames compressed at once by one compressor come out as each other's parts)."""
+    c = getattr(_local, "c", None)
+    if c is None:
+        c = _local.c = _zstd().ZstdCompressor(level=LEVEL)
+    return c
+
+
+def _decompressor() -> Any:
+    d = getattr(_local, "d", None)
+    if d is None:
+        d = _local.d = _zstd().ZstdDecompressor()
+    return d
 
 
 def encode(proc: str, thread: int, data: bytes) -> dict[str, Any]:
@@ -78,7 +94,7 @@ def chunk_data(body: Mapping[str, Any]) -> bytes:
         raise ValueError("a tape chunk without records (neither data nor zdata and size)")
     zstd = _zstd()
     try:
-        out = zstd.ZstdDecompressor().decompress(z, max_output_size=size)
+        out = _decompressor().decompress(z, max_output_size=size)
     except zstd.ZstdError as exc:
         raise ValueError(f"a tape chunk that does not inflate: {exc}") from None
     if len(out) != size:
