@@ -93,6 +93,8 @@ soak: $(STAMP)
 	STENO_SOCKET_REPLAYS=10 $(BIN)/pytest -q tests/test_socket_tape.py
 	STENO_NET_CRASH_TRIALS=60 $(BIN)/pytest -q tests/test_net_effects.py -k crash_anywhere
 	STENO_PSQL_CRASH_TRIALS=30 $(BIN)/pytest -q tests/test_psql_effects.py -k crash_anywhere
+# a run of 100 million clock reads in the same memory bounds as 20 million
+	STENO_LONG_READS=100000000 $(BIN)/pytest -q tests/test_chunks.py -k bounded_memory
 	STENO_PAY_TRIALS=150 STENO_PAY_BOUNDARIES=all $(BIN)/pytest -q tests/test_payments_agent.py
 	for i in 1 2 3 4 5 6 7 8 9 10; do STENO_SIGNAL_SOAK=1 $(BIN)/pytest -q tests/test_signals.py -k itimer || exit 1; done
 
