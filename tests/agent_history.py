@@ -186,3 +186,23 @@ def record(where: Path, out: Path, script: list, argv: list[str], **extra: str) 
                                    OPENAI_API_KEY="sk-test-bisect", **extra),
                            capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def first_commit(repo: Path) -> str:
+    """A new repository holding the agent and its notes: its first commit."""
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "agent.py").write_text(AGENT)
+    (repo / "notes.txt").write_text(NOTES)
+    return commit(repo, "a small agent on the openai SDK")
+
+
+def the_rest(repo: Path) -> tuple[list[str], str]:
+    """Every commit of ``COMMITS`` on top: their shas, and the planted one's."""
+    shas, planted = [], ""
+    for message, edits in COMMITS:
+        for edit in edits:
+            edit(repo)
+        shas.append(commit(repo, message))
+        if message == PLANTED:
+            planted = shas[-1]
+    return shas, planted

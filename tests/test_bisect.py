@@ -31,9 +31,7 @@ from pathlib import Path
 
 import pytest
 from agent_history import (
-    AGENT,
     CLI,
-    COMMITS,
     NOTES,
     PLANTED,
     PY,
@@ -41,9 +39,11 @@ from agent_history import (
     Edit,
     commit,
     env,
+    first_commit,
     git,
     record,
     sub,
+    the_rest,
 )
 
 from stenograph.ci.bisect_step import Plan, Run, command
@@ -89,19 +89,11 @@ def agent_repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
     tmp = tmp_path_factory.mktemp("bisect")
     repo = tmp / "agent"
     repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    (repo / "agent.py").write_text(AGENT)
-    (repo / "notes.txt").write_text(NOTES)
-    shas = [commit(repo, "a small agent on the openai SDK")]
+    shas = [first_commit(repo)]
     log = tmp / "run.steno"
     record(repo, log, SCRIPT, [PY, "agent.py"])
-    planted = ""
-    for message, edits in COMMITS:
-        for edit in edits:
-            edit(repo)
-        shas.append(commit(repo, message))
-        if message == PLANTED:
-            planted = shas[-1]
+    rest, planted = the_rest(repo)
+    shas += rest
     assert len(shas) == 16 and shas.index(planted) == 7
     return Repo(repo, log, shas, planted, tmp)
 

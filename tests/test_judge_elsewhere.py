@@ -19,7 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from agent_history import AGENT, CLI, COMMITS, NOTES, PLANTED, PY, SCRIPT, commit, env, git, record
+from agent_history import (
+    AGENT,
+    CLI,
+    PLANTED,
+    PY,
+    SCRIPT,
+    env,
+    first_commit,
+    git,
+    record,
+    the_rest,
+)
 
 
 @dataclass
@@ -47,22 +58,14 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Deployed:
     tmp = tmp_path_factory.mktemp("elsewhere")
     repo = tmp / "src" / "agent"
     repo.mkdir(parents=True)
-    git(repo, "init", "-q", "-b", "main")
-    (repo / "agent.py").write_text(AGENT)
-    (repo / "notes.txt").write_text(NOTES)
-    shas = [commit(repo, "a small agent on the openai SDK")]
+    shas = [first_commit(repo)]
     deploy = tmp / "srv" / "agent"
     shutil.copytree(repo, deploy, ignore=shutil.ignore_patterns(".git"))
     log = tmp / "logs" / "run.steno"
     log.parent.mkdir()
     record(deploy, log, SCRIPT, [PY, "agent.py"])
-    planted = ""
-    for message, edits in COMMITS:
-        for edit in edits:
-            edit(repo)
-        shas.append(commit(repo, message))
-        if message == PLANTED:
-            planted = shas[-1]
+    rest, planted = the_rest(repo)
+    shas += rest
     assert shas.index(planted) == 7
     return Deployed(repo, deploy, log, shas, planted, tmp)
 

@@ -66,9 +66,10 @@ def render(run: Run, *, other: Run | None = None, divergence: dict[str, Any] | N
     """The whole page. With ``other``, both runs side by side (turn N beside turn N)
     and ``divergence`` (``Divergence.to_json()``) as the banner and the marked row."""
     runs = [run] if other is None else [run, other]
+    works = [turn_work(r.trajectory) for r in runs]
     t_div = divergence.get("t_div") if divergence else None
     data = {"page_size": max(1, page_size), "t_div": t_div if isinstance(t_div, int) else None,
-            "runs": [run_data(r.trajectory) for r in runs]}
+            "runs": [run_data(r.trajectory, w) for r, w in zip(runs, works, strict=True)]}
     script = _JS
     parts = [
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -81,8 +82,8 @@ def render(run: Run, *, other: Run | None = None, divergence: dict[str, Any] | N
         banner(divergence, runs) if other is not None else "",
         "<div class=\"charts\">", *(chart(r.trajectory, "tokens-chart" + ("-b" if i else ""))
                                     for i, r in enumerate(runs)), "</div>",
-        "<div class=\"charts\">", *(timeline(r.trajectory, "timeline" + ("-b" if i else ""))
-                                    for i, r in enumerate(runs)), "</div>",
+        "<div class=\"charts\">", *(timeline(w, "timeline" + ("-b" if i else ""))
+                                    for i, w in enumerate(works)), "</div>",
         "<nav class=\"pager\" id=\"pager\"></nav>",
         "<main id=\"turns\"><noscript><p class=\"note\">The turn list is drawn by the page's "
         "inline script; `stenograph show FILE` prints it as text.</p></noscript></main>",
@@ -156,14 +157,15 @@ class _Seen:
     state: Any
 
 
-def run_data(tr: Trajectory) -> dict[str, Any]:
-    """A run's turns as compact JSON: overview fields, and each context as a delta."""
+def run_data(tr: Trajectory, work: list[TurnWork] | None = None) -> dict[str, Any]:
+    """A run's turns as compact JSON: overview fields, and each context as a delta
+    (``work``: ``turn_work(tr)``, when the caller has it already)."""
     tables = _Tables()
     recent: list[_Seen] = []
     turns = []
     last = len(tr.turns) - 1
     nxt = _context(tr.turns[0]) if tr.turns else None
-    work = turn_work(tr)
+    work = turn_work(tr) if work is None else work
     for pos, t in enumerate(tr.turns):
         ctx, nxt = nxt or _context(t), _context(tr.turns[pos + 1]) if pos < last else None
         base, keep = shared_prefix(ctx.messages, [(s.pos, s.messages) for s in recent])
@@ -469,11 +471,10 @@ def chart(tr: Trajectory, ident: str) -> str:
             f"y=\"0\" width=\"0\" height=\"{2 * h + 4}\"/>{''.join(bars)}</svg></figure>")
 
 
-def timeline(tr: Trajectory, ident: str) -> str:
+def timeline(work: list[TurnWork], ident: str) -> str:
     """The run on one time axis: each model call (blue), each turn's work after it
     (grey) and each command it ran (orange, one row per command at once). One
-    ``g.seg`` per piece; a click opens its turn."""
-    work = turn_work(tr)
+    ``g.seg`` per piece; a click opens its turn (``work``: ``turn_work``'s)."""
     segs: list[tuple[int, str, float, float, str]] = []  # (turn, cls, start, end, title)
     for i, w in enumerate(work):
         s0, s1, s2 = w.span
