@@ -14,7 +14,8 @@
  * mtime. To see the world change under the recording, replay also stats live (unless
  * STENO_DRIFT=0) and reports a `drift` line when the file's existence (or errno), its
  * type, or a regular file's size is not what was recorded; it still serves the recorded
- * result. */
+ * result. Record also notes where a stat that names no absolute path looked
+ * (meta_where): the files a program read, by name, for `stenograph diff`. */
 
 #define META_PATHMAX 4096
 
@@ -156,6 +157,44 @@ static int meta_same_file(int op, int32_t rc, const unsigned char *rb, int dirfd
     return same;
 }
 
+/* Record: where a stat that names no absolute path looked -- an fstat's fd, a path
+ * relative to the cwd or to a dirfd -- for a regular file, or a relative one that is not
+ * there: `u32 n | n bytes` (the fd's link in /proc/self/fd, or the directory's joined with
+ * the path) appended after the result. `diff` names the files a tool read by it; replay
+ * reads nothing past the struct. Returns the bytes appended at `out` (0: nothing). */
+static uint32_t meta_where(int op, int32_t rc, const void *st, int dirfd, const char *path,
+                           uint32_t pl, unsigned char *out) {
+    if (pl && path[0] == '/') return 0;
+    if (rc == 0) {
+        unsigned type;
+        uint64_t size;
+        meta_shape(op, st, &type, &size);
+        if (type != S_IFREG) return 0;
+    } else if (rc != -ENOENT || !pl) {
+        return 0;
+    }
+    char *w = (char *)out + 4;
+    long n;
+    if (dirfd == AT_FDCWD) {
+        n = RS2(SYS_getcwd, w, META_PATHMAX);
+        n = is_err(n) || n < 1 ? -1 : n - 1; /* its length counts the NUL */
+    } else {
+        char link[40];
+        char *p = u_put(s_put(link, link + 24, "/proc/self/fd/"), link + 39, (unsigned)dirfd);
+        *p = 0;
+        n = RS4(SYS_readlinkat, AT_FDCWD, link, w, META_PATHMAX);
+    }
+    if (is_err(n) || n <= 0 || (pl && n + 1 + pl > META_PATHMAX)) return 0;
+    if (pl) {
+        w[n++] = '/';
+        memcpy(w + n, path, pl);
+        n += pl;
+    }
+    uint32_t len = (uint32_t)n;
+    memcpy(out, &len, 4);
+    return 4 + len;
+}
+
 static int meta_call(int op, int dirfd, const char *path, void *buf, int flags, unsigned mask) {
     /* addresses below 4096 (NULL): let the kernel answer EFAULT, untaped (the prototypes are
      * nonnull, so a plain NULL test could be compiled away) */
@@ -189,11 +228,12 @@ static int meta_call(int op, int dirfd, const char *path, void *buf, int flags, 
     switch (step) {
     case STEP_RECORD: {
         long r = meta_live(op, dirfd, path, buf, flags, mask);
-        unsigned char out[sizeof(metares_t) + sizeof(struct statx)];
+        unsigned char out[sizeof(metares_t) + sizeof(struct statx) + 4 + META_PATHMAX];
         metares_t m = {dirfd, is_err(r) ? (int32_t)r : 0};
         memcpy(out, &m, sizeof m);
         uint32_t on = sizeof m;
         if (!m.rc) { memcpy(out + on, buf, sz); on += sz; }
+        on += meta_where(op, m.rc, buf, dirfd, path, pl, out + on);
         rec2(t, CH_META, op, a, argn, out, on);
         return (int)sys_ret(is_err(r) ? r : 0);
     }

@@ -38,12 +38,16 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def record(root: Path, name: str, *, notes: str = NOTES, turns: list | None = None,
-           max_output: int | None = None) -> tuple[Path, list]:
+           max_output: int | None = None, checkout: Path | None = None) -> tuple[Path, list]:
     """Record the agent in a workspace of its own; (the .steno, the requests the model
-    server received, as JSON)."""
+    server received, as JSON). With ``checkout``, notes.txt is there (written only if
+    it says something else: a file left alone keeps its mtime) and the agent is given it
+    as ``--workdir``: the files its tools read are outside the recorded workspace."""
     ws = root / name
     ws.mkdir()
-    (ws / "notes.txt").write_text(notes)
+    where = (checkout or ws) / "notes.txt"
+    if not where.exists() or where.read_text() != notes:
+        where.write_text(notes)
     src = (REPO / "examples" / "agent.py").read_text()
     if max_output is not None:  # the harness's truncation rule for tool output
         assert "MAX_OUTPUT = 4000\n" in src
@@ -52,7 +56,8 @@ def record(root: Path, name: str, *, notes: str = NOTES, turns: list | None = No
     out = root / f"{name}.steno"
     with ModelServer(script=turns or script()) as srv:
         p = subprocess.run([*CLI, "record", "-o", str(out), "--", sys.executable, "agent.py",
-                            "--workdir", "."], cwd=ws, capture_output=True, timeout=180,
+                            "--workdir", str(checkout or ".")], cwd=ws,
+                           capture_output=True, timeout=180,
                            env=env(OPENAI_BASE_URL=srv.openai_base_url,
                                     OPENAI_API_KEY="sk-test-view"))
         got = [r.json() for r in srv.requests if r.path.endswith("/chat/completions")]

@@ -116,13 +116,16 @@ def test_diff_harness_side(runs: dict) -> None:
 
 
 def test_diff_environment_side_through_a_tool_that_names_no_file(runs: dict) -> None:
-    """The file a shell tool read is known by what its result shows of it: a changed
-    workspace file whose differing lines are the result's differing lines."""
+    """The file a shell tool read is known by the stat `cat` made of it on the tape (the
+    shim names the file an fstat looked at), its bytes by the workspace snapshot."""
     rc, d = _diff(runs["shell"][0], runs["shell-env"][0])
     assert rc == 1 and d["t_div"] == 3 and d["cause"] == "environment", d
     first = d["differences"][0]
-    assert first["source"] == ("environment: tool result: the file notes.txt differs between "
-                               "the runs, and the result shows it"), first
+    assert first["source"].startswith("environment: tool result: the file notes.txt differs "
+                                      "between the runs (bytes "), first
+    [f] = [f for f in first["files"] if f["file"] == "notes.txt"]
+    assert f["verdict"] == "differs" and f["what"] == ["bytes", "size", "mtime"], f
+    assert f["a"]["sha256"] and f["b"]["sha256"] and f["a"]["path"].endswith("/shell/notes.txt")
 
 
 def test_diff_text_names_the_cause(runs: dict) -> None:

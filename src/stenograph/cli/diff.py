@@ -31,10 +31,12 @@ def diff(a: str, b: str, traj_a: str | None, traj_b: str | None, as_json: bool) 
     or the answer) differs. If the model was given the same context there (same hash),
     the cause is the model: sampling, serving, a new version behind the name (the
     served versions are compared first). Otherwise each difference in the context is
-    named with where it came from: a tool result whose input changed (a workspace
-    file, an HTTP response) or a time or id value is the environment; the system
+    named with where it came from: a tool result whose input changed (a file its work
+    read, inside the workspace or not, by the stat on the tape and the bytes a snapshot
+    holds; an HTTP response) or a time or id value is the environment; a file one run's
+    tool read that the other run holds no evidence of is unknown, named; the system
     prompt, the tool schemas, the message list (truncation, history) or a tool result
-    that changed while its inputs did not is the harness.
+    that changed while every file it read is the same is the harness.
 
     Exits 0 when the runs chose the same actions throughout, 1 when they diverge.
 
@@ -54,10 +56,16 @@ def diff(a: str, b: str, traj_a: str | None, traj_b: str | None, as_json: bool) 
             click.echo(f"cause: {d.cause}" + (
                 "" if d.context_identical is None else
                 f" (contexts at turn {d.t_div} {same})"))
+        shown: tuple[Any, ...] = ()
         for x in d.differences[:20]:
             click.echo(f"  {x.path}: {x.source}")
             click.echo(f"      a: {_short(x.a)}")
             click.echo(f"      b: {_short(x.b)}")
+            if x.files and x.files != shown:
+                shown = x.files
+                for f in [f for f in x.files if f.verdict != "same" and not any(
+                        f"the file {f.file}{c}" in x.source for c in " :")][:5]:
+                    click.echo(f"      {f.verdict}: {f.file}: {f.describe()}")
         if len(d.differences) > 20:
             click.echo(f"  ... {len(d.differences) - 20} more (--json has them all)")
     if d.t_div is not None:

@@ -10,20 +10,23 @@ it asks the question an engineer asks: was the model given the same thing?
   parameters of the request. The cause is ``model``.
 * **Different context**: each difference is found (the message lists aligned, so a
   message dropped by a truncation rule is one difference, not a shifted list of them)
-  and traced to where it came from. A tool result is judged by what it could have
-  read, in this order: a changed file of the start workspace the call names, or one
-  whose differing lines (or name) the differing result shows, or a changed HTTP
-  response: the **environment**; a changed code file of the workspace (``CODE_GLOBS``):
-  the **harness**; any other changed workspace file: the environment, named as what
-  the tool may have read. So is a value that differs only by a time or an id. The
-  system prompt, the tool schemas, the message list's shape, and a tool result that
-  changed while nothing it could read did, are the **harness**. An earlier reply's text
-  (the same action, other words) is the **model**. The cause is the class of the first
-  difference in context order that is not a mere time or id; when there are only those,
-  it is the environment.
+  and traced to where it came from. A tool result is judged by what it read, in this
+  order: a file its work stat'ed (``reads``: inside the workspace or not) whose evidence
+  differs between the runs (bytes, size, mtime, existence), a changed file of the start
+  workspace the call names, or one whose differing lines (or name) the differing result
+  shows, or a changed HTTP response: the **environment**; a file read in one run whose
+  other run holds no evidence of it: **unknown**, named; a changed code file
+  (``CODE_GLOBS``): the **harness**; any other changed workspace file, when the tape
+  shows no file read at all: the environment, named as what the tool may have read. A
+  value that differs only by a time or an id is the environment too. The system prompt,
+  the tool schemas, the message list's shape, and a tool result that changed while every
+  file it read is the same, are the **harness**. An earlier reply's text (the same
+  action, other words) is the **model**. The cause is the class of the first difference
+  in context order that is not a mere time or id; when there are only those, it is the
+  environment.
 
-Pure code over two ``Trajectory`` objects; the workspace snapshots are read through
-their ``bodies``.
+Pure code over two ``Trajectory`` objects; the workspace snapshots and tape chunks are
+read through them.
 """
 
 from __future__ import annotations
@@ -35,12 +38,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from stenograph.harness import reads
 from stenograph.harness.formats import Context, canonical
+from stenograph.harness.reads import FileEvidence, ReadIndex
 from stenograph.harness.trajectory import Trajectory, Turn
 from stenograph.recorder.blobs import BlobRef
 from stenograph.recorder.snapshots import CODE_GLOBS, is_code
 
-MODEL, HARNESS, ENVIRONMENT, NONE = "model", "harness", "environment", "none"
+MODEL, HARNESS, ENVIRONMENT, UNKNOWN, NONE = "model", "harness", "environment", "unknown", "none"
 SAMPLING = ("temperature", "top_p", "top_k", "seed", "max_tokens", "max_output_tokens",
             "max_completion_tokens", "frequency_penalty", "presence_penalty", "n",
             "reasoning_effort", "reasoning", "tool_choice", "stop", "response_format")
@@ -53,7 +58,9 @@ class Difference:
     a: Any
     b: Any
     source: str
-    """``<class>: <what>``, the class being model, harness or environment."""
+    """``<class>: <what>``, the class being model, harness, environment or unknown."""
+    files: tuple[FileEvidence, ...] = ()
+    """For a tool result: every file its work read, with both runs' evidence."""
 
     @property
     def cls(self) -> str:
@@ -64,7 +71,8 @@ class Difference:
         return self.source.startswith(f"{ENVIRONMENT}: a time or id")
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "a": self.a, "b": self.b, "source": self.source}
+        return {"path": self.path, "a": self.a, "b": self.b, "source": self.source,
+                "files": [f.to_json() for f in self.files]}
 
 
 @dataclass
@@ -97,7 +105,7 @@ def analyze(a: Trajectory, b: Trajectory) -> Divergence:
                           "context, a different choice: model-side (" +
                           (diffs[0].source.partition(': ')[2] if diffs else "sampling") + ")")
     ev = _Evidence(a, b, t)
-    calls = {c.id: c for turn in a.turns[:t] for c in turn.reply.tool_calls}
+    calls = {c.id: (c, i) for i, turn in enumerate(a.turns[:t]) for c in turn.reply.tool_calls}
     diffs = _context_diffs(ta.context, tb.context, calls, ev)
     real = [d for d in diffs if not d.incidental]
     cause = real[0].cls if real else ENVIRONMENT
@@ -155,48 +163,88 @@ def _params(t: Turn) -> dict[str, Any]:
 
 
 class _Evidence:
-    """What changed in each run's inputs before t_div: workspace files (by path inside
-    their root, with their bytes in each run), HTTP responses, the command line."""
+    """What changed in each run's inputs before t_div: the files each turn's work read
+    (from the tape), workspace files (by path inside their root, with their bytes in
+    each run), HTTP responses, the command line."""
 
     def __init__(self, a: Trajectory, b: Trajectory, t: int) -> None:
         self.ma, self.mb = _manifest(a), _manifest(b)
         self.files = sorted(p for p in set(self.ma) | set(self.mb)
                             if self.ma.get(p, (None,))[0] != self.mb.get(p, (None,))[0])
         self.trs = (a, b)
+        self.reads = (ReadIndex(a), ReadIndex(b))
         self.http = _changed_http(a, b, t)
         self.argv = (a.started.get("argv"), b.started.get("argv"))
 
-    def for_call(self, name: str | None, args: Any, results: tuple[Any, Any]) -> str | None:
-        """Why a tool result differs, from what the call could have read: a changed file
-        its arguments name; a changed file whose own differing text (or name) is in the
-        results' differing lines; a changed HTTP response; the harness's changed code;
-        any other changed workspace file."""
+    def for_call(self, name: str | None, args: Any, results: tuple[Any, Any],
+                 turn: int | None) -> tuple[str | None, tuple[FileEvidence, ...]]:
+        """Why a tool result differs, from what the call read (the turn's work, ``turn``):
+        a file it read whose evidence differs; a changed workspace file its arguments
+        name, or whose own differing text (or name) is in the results' differing lines;
+        a changed HTTP response; a file it read that one run holds no evidence of
+        (unknown); the harness's changed code; any other changed workspace file, when
+        the tape shows no file read. ``None`` when every input is the same. With the
+        files the work read, judged."""
+        ra, rb = ((self.reads[0].turn(turn), self.reads[1].turn(turn)) if turn is not None
+                  else (None, None))
+        read = tuple(reads.compare(ra, rb)) if ra is not None and rb is not None else ()
         text = json.dumps(args, ensure_ascii=False) if not isinstance(args, str) else args
-        for f in self.files:
-            base = f.rsplit("/", 1)[-1]
-            if f in text or (base and re.search(rf"(?<![\w.-]){re.escape(base)}(?![\w-])",
-                                                text)):
-                return f"{ENVIRONMENT}: tool result: the file {f} differs between the runs"
         only = (_lines(results[0]) - _lines(results[1]), _lines(results[1]) - _lines(results[0]))
+        data = [e for e in read if e.verdict == reads.DIFFERS and not is_code(e.file, CODE_GLOBS)]
+        if data:
+            e = max(data, key=lambda e: _named(e.file, text) or _shown(e.file, only))
+            more = f"; {len(data) - 1} more file(s) it read differ" if len(data) > 1 else ""
+            return (f"{ENVIRONMENT}: tool result: the file {e.file} differs between the runs "
+                    f"({e.describe()}){more}"), read
+        same = {e.file for e in read if e.verdict == reads.SAME}
         for f in self.files:
-            if is_code(f, CODE_GLOBS):
+            if f not in same and _named(f, text):
+                return f"{ENVIRONMENT}: tool result: the file {f} differs between the runs", read
+        for f in self.files:
+            if is_code(f, CODE_GLOBS) or f in same:
                 continue
             base = f.rsplit("/", 1)[-1]
             for side, (m, tr) in enumerate(((self.ma, self.trs[0]), (self.mb, self.trs[1]))):
                 shown = _file_lines(tr, m.get(f))
                 if any(ln in shown or (base and base in ln) for ln in only[side]):
                     return (f"{ENVIRONMENT}: tool result: the file {f} differs between the "
-                            "runs, and the result shows it")
+                            "runs, and the result shows it"), read
         if self.http:
-            return f"{ENVIRONMENT}: tool result: the response of {self.http[0]} differs"
-        code = [f for f in self.files if is_code(f, CODE_GLOBS)]
+            return f"{ENVIRONMENT}: tool result: the response of {self.http[0]} differs", read
+        unknown = [e for e in read
+                   if e.verdict == reads.UNKNOWN and not is_code(e.file, CODE_GLOBS)]
+        if unknown:
+            e = max(unknown, key=lambda e: _named(e.file, text) or _shown(e.file, only))
+            more = f"; {len(unknown) - 1} more such file(s)" if len(unknown) > 1 else ""
+            return (f"{UNKNOWN}: tool result of {name}: the file {e.file}: "
+                    f"{e.describe()}{more}"), read
+        unnamed = max(len(ra.unnamed) if ra else 0, len(rb.unnamed) if rb else 0)
+        if unnamed:
+            return (f"{UNKNOWN}: tool result of {name}: its work read {unnamed} "
+                    "file(s) the tape does not name (recorded before stats named their "
+                    "files), so whether they differ is not known"), read
+        code = sorted({e.file for e in read if e.verdict == reads.DIFFERS} |
+                      {f for f in self.files if is_code(f, CODE_GLOBS)})
         if code:
             return (f"{HARNESS}: tool result of {name}: its inputs are the same in both runs "
-                    f"and the harness's code differs ({', '.join(code[:3])})")
-        if self.files:
+                    f"and the harness's code differs ({', '.join(code[:3])})"), read
+        if self.files and not (ra is not None and rb is not None and (ra.any or rb.any)):
             return (f"{ENVIRONMENT}: tool result: the workspace differs between the runs "
-                    f"({', '.join(self.files[:3])}), which the tool may have read")
-        return None
+                    f"({', '.join(self.files[:3])}), which the tool may have read"), read
+        return None, read
+
+
+def _named(f: str, text: str) -> bool:
+    """Does a call's text name the file (its path, or its name as a word)?"""
+    base = f.rsplit("/", 1)[-1]
+    return f in text or bool(base and re.search(
+        rf"(?<![\w.-]){re.escape(base)}(?![\w-])", text))
+
+
+def _shown(f: str, only: tuple[set[str], set[str]]) -> bool:
+    """Is the file's name in the results' differing lines?"""
+    base = f.rsplit("/", 1)[-1]
+    return bool(base) and any(base in ln for side in only for ln in side)
 
 
 def _lines(v: Any) -> set[str]:
@@ -277,7 +325,7 @@ def _response(tr: Trajectory, seq: int) -> bytes:
     return canonical(ev.body.get("result"))
 
 
-def _context_diffs(ca: Context, cb: Context, calls: dict[str, Any],
+def _context_diffs(ca: Context, cb: Context, calls: dict[str, tuple[Any, int]],
                    ev: _Evidence) -> list[Difference]:
     out: list[Difference] = []
     if canonical(ca.system) != canonical(cb.system):
@@ -292,8 +340,8 @@ def _context_diffs(ca: Context, cb: Context, calls: dict[str, Any],
         if op == "replace" and i2 - i1 == j2 - j1:
             for k in range(i2 - i1):
                 ma, mb = ca.messages[i1 + k], cb.messages[j1 + k]
-                src = _message_source(ma, mb, calls, ev)
-                out += _leaves(f"messages[{i1 + k}]", ma, mb, src)
+                src, files = _message_source(ma, mb, calls, ev)
+                out += _leaves(f"messages[{i1 + k}]", ma, mb, src, files)
             continue
         for k in range(i1, i2):
             out.append(Difference(f"messages[{k}]", ca.messages[k], None,
@@ -343,29 +391,32 @@ def _tool_call_of(m: dict[str, Any]) -> str | None:
     return None
 
 
-def _message_source(ma: Any, mb: Any, calls: dict[str, Any], ev: _Evidence) -> str:
+def _message_source(ma: Any, mb: Any, calls: dict[str, tuple[Any, int]],
+                    ev: _Evidence) -> tuple[str, tuple[FileEvidence, ...]]:
     role = _role(ma)
     if _only_incidental(canonical(ma).decode(), canonical(mb).decode()):
-        return f"{ENVIRONMENT}: a time or id value read by the run"
+        return f"{ENVIRONMENT}: a time or id value read by the run", ()
     if role in ("system", "developer"):
-        return f"{HARNESS}: the system prompt"
+        return f"{HARNESS}: the system prompt", ()
     if role == "tool" and isinstance(ma, dict):
         cid = _tool_call_of(ma)
-        call = calls.get(cid or "")
+        call, turn = calls.get(cid or "") or (None, None)
         name = getattr(call, "name", None)
-        env = ev.for_call(name, getattr(call, "arguments", "") if call else cid or "",
-                          (ma, mb))
+        env, files = ev.for_call(name, getattr(call, "arguments", "") if call else cid or "",
+                                 (ma, mb), turn)
         if env is not None:
-            return env
+            return env, files
+        n = len(files)
         return (f"{HARNESS}: tool result of {name or cid}: its inputs are the same in both "
-                "runs, its result is not (the tool's code or its post-processing)")
+                "runs" + (f" (the {n} file(s) its work read: the same evidence)" if n else "")
+                + ", its result is not (the tool's code or its post-processing)"), files
     if role == "assistant":
-        return f"{MODEL}: an earlier reply's text (the same action in other words)"
+        return f"{MODEL}: an earlier reply's text (the same action in other words)", ()
     if role == "user":
         if ev.argv[0] != ev.argv[1]:
-            return f"{HARNESS}: the user message (the command lines differ)"
-        return f"{HARNESS}: the user message (its template)"
-    return f"{HARNESS}: a message"
+            return f"{HARNESS}: the user message (the command lines differ)", ()
+        return f"{HARNESS}: the user message (its template)", ()
+    return f"{HARNESS}: a message", ()
 
 
 _TOKEN = re.compile(
@@ -383,18 +434,19 @@ def _only_incidental(a: str, b: str) -> bool:
     return _TOKEN.sub("\0", a) == _TOKEN.sub("\0", b)
 
 
-def _leaves(path: str, a: Any, b: Any, source: str) -> list[Difference]:
+def _leaves(path: str, a: Any, b: Any, source: str,
+            files: tuple[FileEvidence, ...] = ()) -> list[Difference]:
     """The differing leaves under ``path`` (strings compared whole)."""
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for k in sorted(set(a) | set(b), key=str):
             if canonical(a.get(k)) != canonical(b.get(k)):
-                out += _leaves(f"{path}.{k}", a.get(k), b.get(k), source)
+                out += _leaves(f"{path}.{k}", a.get(k), b.get(k), source, files)
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         out = []
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             if canonical(x) != canonical(y):
-                out += _leaves(f"{path}[{i}]", x, y, source)
+                out += _leaves(f"{path}[{i}]", x, y, source, files)
         return out
-    return [Difference(path, a, b, source)]
+    return [Difference(path, a, b, source, files)]

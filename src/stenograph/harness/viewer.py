@@ -415,6 +415,7 @@ def _short(value: Any, width: int = 400) -> str:
 _GLOSS = {"model": " (the model chose differently)",
           "harness": " (the program built another request)",
           "environment": " (the world answered differently)",
+          "unknown": " (the recording holds no evidence either way)",
           "none": " (the same actions throughout)"}
 
 
