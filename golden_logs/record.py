@@ -20,12 +20,19 @@ not overwritten: it is kept as <name>.f<FORMAT>-p<PROTOCOL>.steno.xz, marked
 to a report; only a current log must match). See golden_logs/README.md for when to
 re-record: a deliberate change to what an example sends, not a new format or protocol.
 
+One recording per shim protocol: an exact replay of a log of another protocol than this
+build's stops before it runs, in one line (tests/test_golden.py holds every log to that).
+``--src DIR`` records with the stenograph source tree DIR instead of this checkout (its
+shim built in place): the release of an older protocol, whose log is kept beside the
+current one as <name>.f<FORMAT>-p<PROTOCOL>.steno.xz, superseded.
+
 Needs root (like a sealed replay): each recording runs in a private mount namespace
 with a fresh /tmp and /var/tmp, so that the log holds neither this machine's /tmp
 listing nor anything left there by earlier runs.
 
     .venv/bin/python golden_logs/record.py            # every log
     .venv/bin/python golden_logs/record.py pipeline   # only these
+    .venv/bin/python golden_logs/record.py --src /tmp/p5/src pipeline   # a protocol-5 one
 """
 
 from __future__ import annotations
@@ -187,18 +194,45 @@ def _make_workspace(spec: Spec) -> None:
         os.utime(p, (FIXED_MTIME, FIXED_MTIME), follow_symlinks=False)
 
 
+SRC_VAR = "STENO_GOLDEN_SRC"
+"""``--src``'s tree, passed to the inner process (and kept out of the recording)."""
+
+
+def stenograph_cmd(src: str | None) -> list[str]:
+    """``python -m stenograph``, of this checkout or of the source tree ``src``."""
+    if not src:
+        return [sys.executable, "-m", "stenograph"]
+    return [sys.executable, "-c", f"import runpy, sys; sys.path.insert(0, {src!r}); "
+            "runpy.run_module('stenograph', run_name='__main__', alter_sys=True)"]
+
+
+def installed_at(src: str | None) -> str:
+    """The directory the recording's ``stenograph`` package was in. Its path's length is
+    part of what a recorded program's stack held (the shim's path in ``LD_PRELOAD``, the
+    hooks' in ``PYTHONPATH``): an exact replay gives the program the same addresses only
+    from an install at a path as long (tests/test_golden.py makes one)."""
+    if src:
+        return os.path.abspath(src)
+    import stenograph
+
+    return str(Path(stenograph.__file__).resolve().parent.parent)
+
+
 def inner(name: str, out: str) -> int:
     """In a fresh /tmp: make the workspace, `stenograph record` the example in it."""
     spec = BY_NAME[name]
+    src = os.environ.get(SRC_VAR)
     keep = sorted({str(REPO), sys.prefix, sys.base_prefix,
-                   os.path.dirname(os.path.realpath(sys.executable)), os.path.abspath(out)})
+                   os.path.dirname(os.path.realpath(sys.executable)), os.path.abspath(out),
+                   *([os.path.abspath(src)] if src else [])})
     if os.environ.get("STENO_GOLDEN_SHARED_TMP") != "1":
         _private_tmp([os.path.realpath(p) for p in keep] + keep)
     _make_workspace(spec)
     cmd = substitute(spec.cmd(), sys.executable, REPO)
-    env = {k: v for k, v in os.environ.items() if k != "STENO_GOLDEN_SHARED_TMP"}
-    return subprocess.run([sys.executable, "-m", "stenograph", "record", "-o", out, "--",
-                           *cmd], cwd=spec.workspace, env=env).returncode
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("STENO_GOLDEN_SHARED_TMP", SRC_VAR)}
+    return subprocess.run([*stenograph_cmd(src), "record", "-o", out, "--", *cmd],
+                          cwd=spec.workspace, env=env).returncode
 
 
 # -- what the examples talk to ---------------------------------------------------------
@@ -284,12 +318,17 @@ def keep_old(doc: dict[str, Any], name: str, fmt: int, protocol: int) -> None:
         if (HERE / kept).exists():
             raise SystemExit(f"record.py: {kept} exists already; not overwriting an old log")
         old.rename(HERE / kept)
+        e["replay"] = str(e.get("replay", "")).replace(e["log"].removesuffix(".xz"),
+                                                       kept.removesuffix(".xz"))
         e["log"], e["superseded"] = kept, True
         print(f"  kept the old log (format {e.get('format')}, protocol "
               f"{e.get('protocol')}) as golden_logs/{kept}")
 
 
-def record_one(spec: Spec, doc: dict[str, Any], say: Callable[[str], None]) -> None:
+def record_one(spec: Spec, doc: dict[str, Any], say: Callable[[str], None],
+               src: str | None = None) -> None:
+    """Record ``spec`` (with the source tree ``src``, if given: an older protocol's log,
+    added as superseded), check it, and write it and its manifest entry."""
     from stenograph.recorder.kinds import FORMAT_VERSION
     from stenograph.runner.shim import PROTOCOL
 
@@ -301,6 +340,8 @@ def record_one(spec: Spec, doc: dict[str, Any], say: Callable[[str], None]) -> N
         env = clean_env(svc_env)
         if os.environ.get("STENO_GOLDEN_SHARED_TMP") == "1":
             env["STENO_GOLDEN_SHARED_TMP"] = "1"
+        if src:
+            env[SRC_VAR] = os.path.abspath(src)
         p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--inner",
                             spec.name, str(raw)], env=env, capture_output=True, text=True,
                            timeout=300, stdin=subprocess.DEVNULL)
@@ -319,7 +360,8 @@ def record_one(spec: Spec, doc: dict[str, Any], say: Callable[[str], None]) -> N
         shim = str(started.get("shim"))
         protocol = int(shim.partition("/")[0])
         fmt = int(header.get("format", FORMAT_VERSION))
-        if protocol != PROTOCOL:
+        older = protocol < PROTOCOL and src is not None
+        if protocol != PROTOCOL and not older:
             raise SystemExit(f"record.py: {spec.name} recorded with shim protocol {shim}, "
                              f"this build speaks {PROTOCOL}")
         rc, report, err = build_replay(raw, substitute(spec.cmd(), sys.executable, REPO))
@@ -331,12 +373,20 @@ def record_one(spec: Spec, doc: dict[str, Any], say: Callable[[str], None]) -> N
         if len(packed) > MAX_BYTES:
             raise SystemExit(f"record.py: {spec.name}: {len(packed)} bytes compressed, "
                              f"over {MAX_BYTES}")
-        keep_old(doc, spec.name, fmt, protocol)
-        log = f"{spec.name}.steno.xz"
+        if older:  # beside the current one, as keep_old would have named it
+            log = f"{spec.name}.f{fmt}-p{protocol}.steno.xz"
+            if (HERE / log).exists():
+                raise SystemExit(f"record.py: {log} exists already; not overwriting an "
+                                 "old log")
+        else:
+            keep_old(doc, spec.name, fmt, protocol)
+            log = f"{spec.name}.steno.xz"
         (HERE / log).write_bytes(packed)
     finally:
         raw.unlink(missing_ok=True)
-    doc["logs"] = [e for e in doc["logs"] if e["name"] != spec.name or e.get("superseded")]
+    if not older:
+        doc["logs"] = [e for e in doc["logs"]
+                       if e["name"] != spec.name or e.get("superseded")]
     doc["logs"].append({
         "name": spec.name,
         "log": log,
@@ -354,6 +404,8 @@ def record_one(spec: Spec, doc: dict[str, Any], say: Callable[[str], None]) -> N
         "compressed_bytes": len(packed),
         "sha256": hashlib.sha256(data).hexdigest(),
         "recorded": time.strftime("%Y-%m-%d", time.gmtime(float(started.get("started", 0)))),
+        "installed_at": installed_at(src),
+        **({"superseded": True} if older else {}),
     })
     say(f"  -> golden_logs/{log}: {len(data)} bytes, {len(packed)} compressed; build "
         f"replay matches (drift: {report.get('drift') or {}})")
@@ -370,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("names", nargs="*", metavar="NAME",
                     help="re-record only these logs (default: all)")
     ap.add_argument("--inner", nargs=2, metavar=("NAME", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--src", metavar="DIR",
+                    help="record with the stenograph source tree DIR (`git archive COMMIT | "
+                    "tar -x`, its shim built in place as DIR/stenograph/_shim*.so) instead "
+                    "of this checkout: an older protocol's log, kept beside the current one")
     ap.add_argument("--fresh-tmp", action="store_true",
                     help="instead: run the command after `--` with a fresh, empty /tmp "
                     "(the checkout, its venv and the paths named in the command bound "
@@ -395,8 +451,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("needs root (a private /tmp per recording; set STENO_GOLDEN_SHARED_TMP=1 "
                  "to record against this machine's /tmp instead)")
     doc = load_manifest()
+    if a.src and not a.names:
+        ap.error("--src wants the names of the logs to record with it")
     for spec in [BY_NAME[n] for n in a.names] or SPECS:
-        record_one(spec, doc, print)
+        record_one(spec, doc, print, a.src)
         save_manifest(doc)
     return 0
 

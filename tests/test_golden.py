@@ -8,20 +8,23 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
+import secrets
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import stenograph
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.kinds import FORMAT_VERSION
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.store import Store
 from stenograph.recorder.trajfile import read_trajectory
-from stenograph.runner.shim import PROTOCOL
+from stenograph.runner.shim import EXACT, PROTOCOL, READS
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden_logs"
 REPO = GOLDEN.parent
@@ -147,6 +150,72 @@ def test_a_golden_log_build_replays_against_the_current_code(
     assert rep["exit_status"] == {"recorded": 0, "replayed": 0}
     if entry["protocol"] != PROTOCOL:
         assert "shim protocol" in " ".join(rep.get("notes") or []), rep
+
+
+def test_every_shim_protocol_has_a_golden_log() -> None:
+    """One recording per protocol this build reads (golden_logs/record.py ``--src`` adds an
+    older release's): the promise below is held for each. A new protocol needs its own:
+    ``record.py pipeline`` after the bump keeps the last one's as superseded."""
+    assert {int(e["protocol"]) for e in LOGS} >= READS | {PROTOCOL}
+
+
+@pytest.fixture()
+def installed_like() -> Iterator[Callable[[dict[str, Any]], list[str]]]:
+    """``python -m stenograph`` of this build from a directory whose path is as long as
+    the one a log was recorded from (``installed_at``, record.py): the checkout, or a
+    copy of the package. The shim's path (``LD_PRELOAD``) and the hooks' (``PYTHONPATH``)
+    are on a program's stack, so only then does it see the recorded addresses (the
+    pipeline's ``mktemp -d`` names its directory after one)."""
+    made: list[Path] = []
+
+    def cli(entry: dict[str, Any]) -> list[str]:
+        here = Path(stenograph.__file__).resolve().parent.parent
+        want = len(str(entry.get("installed_at") or here))
+        if len(str(here)) == want:
+            return CLI
+        if want < len("/tmp/") + 6:
+            pytest.skip(f"recorded from a path of {want} bytes: no copy of the package fits")
+        d = Path("/tmp/" + secrets.token_hex(want)[:want - len("/tmp/")])
+        d.mkdir()
+        made.append(d)
+        shutil.copytree(here / "stenograph", d / "stenograph", symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        return [sys.executable, "-c", f"import runpy, sys; sys.path.insert(0, {str(d)!r}); "
+                "runpy.run_module('stenograph', run_name='__main__', alter_sys=True)"]
+
+    yield cli
+    for d in made:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("entry", LOGS, ids=_name)
+def test_an_exact_replay_of_a_golden_log_is_bit_for_bit_or_one_line(
+        entry: dict[str, Any], tmp_path: Path,
+        installed_like: Callable[[dict[str, Any]], list[str]]) -> None:
+    """``stenograph replay`` (not ``--build``) of a log this shim replays exactly (its own
+    protocol) is bit-identical; of any other protocol it stops before anything is
+    prepared or run (no tape, no output) with one line that names both protocols and the
+    two ways on: a build replay (which reads every golden log: the tests above), or the
+    release that recorded it."""
+    log = _unpack(entry, tmp_path)
+    tape = tmp_path / "tape"
+    cli = installed_like(entry) if entry["protocol"] in EXACT else CLI
+    p = subprocess.run([*cli, "replay", "--json", "--keep-tape", str(tape), str(log), "--",
+                        *_cmd(entry)], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    if entry["protocol"] in EXACT:
+        assert p.returncode == 0, p.stderr[-3000:]
+        report = json.loads(p.stdout.strip().splitlines()[-1])
+        assert report["divergences"] == [] and all(report["identical"].values()), report
+        return
+    assert p.returncode == 2 and not p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith(f"stenograph: error: recorded with shim protocol "
+                           f"{entry['protocol']}; this stenograph speaks {PROTOCOL} "), line
+    assert f"`stenograph replay --build {log}`" in line, line
+    assert (f"the stenograph release that recorded it (stenograph {entry['stenograph']}, "
+            f"shim {entry['shim']}) replays it exactly") in line, line
+    assert not tape.exists(), "nothing may be prepared for a refused replay"
 
 
 def test_a_changed_agent_fails_the_build_replay_at_turn_2(tmp_path: Path) -> None:

@@ -183,6 +183,43 @@ def test_root_without_cap_sys_admin_is_sealed_all_the_same(tmp_path: Path) -> No
         assert tree(work) == before
 
 
+@pytest.mark.parametrize("seal", ["mount-namespace", "path-map"])
+def test_replay_keeps_its_tape_inside_the_workspace(tmp_path: Path, seal: str) -> None:
+    """``--keep-tape DIR`` with DIR in the recorded workspace: the tape is prepared
+    elsewhere (an overlay of the workspace cannot hold its own lower layers: ELOOP) and
+    moved into DIR after the run, which was sealed and bit-identical and never saw DIR; a
+    replay that fails to run leaves no DIR, and an empty one as it was."""
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "kept.txt").write_text("recorded\n")
+    steno = tmp_path / "r.steno"
+    subprocess.run([*CLI, "record", "-o", str(steno), "--", "/bin/sh", "-c",
+                    "ls -a; cat kept.txt; date > made.txt"],
+                   cwd=work, env=_env(), check=True, capture_output=True)
+    (work / "made.txt").unlink()
+    (work / "empty").mkdir()
+    before = tree(work, dir_times=False)
+    env = _env(**({"STENOGRAPH_SEAL": seal} if seal == "path-map" else {}))
+    for dest in (work / "tape", work / "empty"):
+        p = subprocess.run([*CLI, "replay", "--json", "--keep-tape", str(dest), str(steno)],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-3000:]
+        report = json.loads(p.stdout.splitlines()[-1])
+        assert report["sealed"] == seal and all(report["identical"].values()), report
+        assert (dest / "0").is_dir() and (dest / "key-shapes.json").is_file()
+        assert not any(dest.parent.glob("steno-tape-*"))
+        shutil.rmtree(dest)
+    (work / "empty").mkdir()
+    assert tree(work, dir_times=False) == before  # (the files' times too)
+    before = tree(work)
+    for dest in (work / "tape", work / "empty"):
+        p = subprocess.run([*CLI, "replay", "--keep-tape", str(dest), str(steno), "--",
+                            str(work / "no-such-program")], cwd=work, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert tree(work) == before
+
+
 def test_a_recorder_killed_while_it_snapshots_names_no_torn_snapshot(tmp_path: Path) -> None:
     rng = random.Random(5)
     work = tmp_path / "big"

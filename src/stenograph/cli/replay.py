@@ -2,7 +2,8 @@
 say whether it was the same run (``runner/replay.py``).
 
 Exit 0 when the replay was bit-identical; 1 on a divergence, or when stdout, stderr or
-the exit status differ (a script or CI step cannot take it for a pass).
+the exit status differ (a script or CI step cannot take it for a pass); 2 before anything
+runs for a recording of another shim protocol (one line: ``--build`` reads it).
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ from stenograph.runner.workspace import SecretServed
               "the recording created there are taken, and the program reads and writes "
               "today's files.")
 @click.option("--keep-tape", type=click.Path(file_okay=False), default=None,
-              help="Prepare the tape in this directory and keep it.")
+              help="Keep the replay's tape in this directory (new or empty), moved "
+              "there once the program has run; nothing is left there if the replay "
+              "fails to run.")
 @click.option("--keep-writes", type=click.Path(file_okay=False), default=None,
               help="Keep what the program wrote to its workspace here (an overlay's upper "
               "layer per workspace root; deleted files are overlayfs whiteouts). The real "

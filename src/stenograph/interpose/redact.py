@@ -19,6 +19,10 @@ A value in the shape of a known key (``recorder/keyshapes.py``: a maintained rul
 is remembered the same way wherever it appears, whatever it is called: a URL path, a
 JSON body (raw, or base64- or hex-encoded), a response, an environment variable.
 
+The recorder redacts what the shim tells it with the same rules (``recorder/
+tapesecrets.py``, ``runner/redaction.py``): a child's command line, a program's own
+request on a taped connection, each send's first bytes (``mask``: in place).
+
 The rules in force are written into the recording (``RunStarted``) so a reader
 knows what was removed.
 """
@@ -126,6 +130,8 @@ class RedactionRules:
     _gen: int = field(default=0, repr=False)
     _clean: list[tuple[str | bytes, int]] = field(default_factory=list, repr=False)
     _shaped: list[str | bytes] = field(default_factory=list, repr=False)
+    _heads_by: dict[bytes, list[bytes]] = field(default_factory=dict, repr=False)
+    _heads_gen: int = field(default=-1, repr=False)
 
     def __post_init__(self) -> None:
         if self.values is not None:
@@ -299,6 +305,33 @@ class RedactionRules:
         if isinstance(value, list):
             return [self.scrub(v) for v in value]
         return value
+
+    def mask(self, data: bytes) -> bytes:
+        """``data`` with its key shapes learnt, then every remembered secret in any of its
+        encodings overwritten by as many ``*``, and one cut off at the end (8 bytes of it
+        or more) too: for bytes whose length a record's layout fixes and which end where a
+        copy stopped, such as the socket tape's send heads (``recorder/tapesecrets.py``)."""
+        self.learn_shapes(data)
+        for b in self._bytes:
+            if b in data:
+                data = data.replace(b, b"*" * len(b))
+        heads = self._heads()
+        longest = max(map(len, self._bytes), default=0)
+        for i in range(max(0, len(data) - longest), len(data) - MIN_SECRET + 1):
+            cands = heads.get(data[i:i + MIN_SECRET])
+            if cands and any(p.startswith(data[i:]) for p in cands):
+                return data[:i] + b"*" * (len(data) - i)
+        return data
+
+    def _heads(self) -> dict[bytes, list[bytes]]:
+        """The remembered encodings by their first ``MIN_SECRET`` bytes (``mask``'s cut-off
+        copies), made once per set of secrets."""
+        if self._heads_gen != self._gen:
+            heads: dict[bytes, list[bytes]] = {}
+            for b in self._bytes:
+                heads.setdefault(b[:MIN_SECRET], []).append(b)
+            self._heads_by, self._heads_gen = heads, self._gen
+        return self._heads_by
 
     # -- requests --------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from pathlib import Path
 OURS: tuple[tuple[str, str], ...] = (
     ("Anthropic API key", r"sk-ant-[a-z]{2,10}\d{0,3}-[A-Za-z0-9_\-]{32,}"),
     ("OpenAI API key", r"sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{40,}"),
+    ("sk- key", r"(?<![A-Za-z0-9_\-])sk-(?=[A-Za-z0-9_\-]*[0-9A-Z])[A-Za-z0-9_\-]{20,}"),
     ("GitHub fine-grained token", r"github_pat_[A-Za-z0-9_]{40,}"),
     ("GitHub token", r"gh[pousr]_[A-Za-z0-9_]{36,}"),
     ("Google API key", r"AIza[0-9A-Za-z_\-]{35}"),
@@ -51,10 +52,13 @@ OURS: tuple[tuple[str, str], ...] = (
                           r"(?: BLOCK)?-----"),
 )
 """Shapes ``detect-secrets`` 1.5 lacks or matches too narrowly: Anthropic keys; OpenAI keys
-without the ``T3BlbkFJ`` marker its rule needs; fine-grained GitHub tokens; Google and
-Hugging Face keys; Stripe test keys; Slack tokens whose parts are not digits; a JWT with
-its signature (its detector's match stops before it); and a private key's whole PEM block
-(its detector matches only the ``BEGIN`` line)."""
+without the ``T3BlbkFJ`` marker its rule needs; the common ``sk-`` form many providers and
+proxies share (DeepSeek, LiteLLM, OpenRouter...: ``sk-`` and 20 or more key characters, not
+preceded by one -- ``task-...`` is no key -- with a digit or a capital among them, so that
+hyphenated words such as ``sk-learn-compatible-estimator`` are not); fine-grained GitHub
+tokens; Google and Hugging Face keys; Stripe test keys; Slack tokens whose parts are not
+digits; a JWT with its signature (its detector's match stops before it); and a private
+key's whole PEM block (its detector matches only the ``BEGIN`` line)."""
 
 LEFT_OUT = frozenset({"IPPublicDetector", "BasicAuthDetector", "PrivateKeyDetector"})
 KEYWORD_FORMS = ("(?:(?<=\\W)|(?<=^))", "aws.{0,20}")
@@ -292,11 +296,13 @@ def _decodings(tok: bytes) -> Iterator[bytes]:
 
 def _b64_decodings(run: bytes) -> Iterator[bytes]:
     """``run`` decoded as base64 (standard or URL-safe), from each of its first four
-    offsets: a run cut out of a longer text may not start on a 4-character boundary."""
+    offsets: a run cut out of a longer text may not start on a 4-character boundary. Its
+    last 2 or 3 characters are decoded too (padded): a short key's last bytes are there."""
     std = run.replace(b"-", b"+").replace(b"_", b"/").rstrip(b"=")
     for k in range(4):
         part = std[k:]
-        part = part[:len(part) - len(part) % 4]
+        part = part[:len(part) - 1] if len(part) % 4 == 1 else part
+        part += b"=" * (-len(part) % 4)
         if len(part) < MIN_ENCODED - 4:
             return
         try:

@@ -58,7 +58,8 @@ def fork(req: ForkRequest) -> dict[str, Any]:
     ``live_turns``; ``divergences`` when the prefix did not replay: no fork written)."""
     rec = open_recording(req.file)
     tr = rec.trajectory()
-    prepare.protocol(tr.started, req.file)
+    # (another harness, -- CMD, runs the prefix as a build replay does: any protocol)
+    prepare.protocol(tr.started, req.file, build=bool(req.cmd), offer_build=False)
     argv = prepare.here(list(req.cmd), tr.started.get("cwd")) if req.cmd else None
     change = " and ".join(x for x in (
         f"reply from {req.reply_name}" if req.reply is not None else "",
@@ -110,7 +111,7 @@ def _run(req: ForkRequest, rec: Any, fp: forking.ForkPlan, extra: list[dict[str,
             for entry in extra:
                 s.append(traj, "Exchange", entry)
             prepare.fill_tape(tape, started, fp.prefix, rec.blobs,
-                              protocol=prepare.protocol(started, req.file),
+                              protocol=prepare.protocol(started, req.file, build=bool(argv)),
                               extra=[Event(0, traj, 1 << 60, None, "Exchange", e)
                                      for e in extra])
             (tape / "py" / resume_plan.FILE).write_text(json.dumps(

@@ -1,4 +1,5 @@
-"""The one line a person reads when a run stops for them (exits 4, 5, 6 and 8).
+"""The one line a person reads when a run stops for them (exits 4, 5, 6 and 8), or
+does not start (exit 2: a recording of another shim protocol).
 
 Each names the call (its id, what it does: the target and its arguments) and the command
 to run next, with the real store and trajectory in it, so it can be pasted as it is. The
@@ -42,3 +43,18 @@ def fenced_line(store: str, traj: str, what: str) -> str:
     """Exit 8: this worker lost its lease to another, which carries on."""
     return (f"{what}; the run continues there: `stenograph status {_q(store)} {_q(traj)}` "
             "shows it")
+
+
+def protocol_line(recorded: str, speaks: int, file: str, *, offer_build: bool = True,
+                  release: str | None = None, shim: str | None = None) -> str:
+    """Exit 2, before anything runs: a recording of shim protocol ``recorded`` asked to
+    replay exactly by a shim that replays only ``speaks`` so. The ways on: a build replay
+    (``offer_build``: ``stenograph replay``; a resume or a fork has none), and the
+    release that recorded it (its version and shim, as ``RunStarted`` names them)."""
+    build = (f"`stenograph replay --build {_q(file)}` judges it against this build, or "
+             if offer_build else "")
+    made_by = ", ".join(x for x in (f"stenograph {release}" if release else "",
+                                    f"shim {shim}" if shim else "") if x)
+    return (f"recorded with shim protocol {recorded}; this stenograph speaks {speaks} and "
+            f"replays only protocol {speaks} bit for bit: {build}the stenograph release "
+            f"that recorded it{f' ({made_by})' if made_by else ''} replays it exactly")

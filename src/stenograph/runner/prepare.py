@@ -1,7 +1,8 @@
 """What a run that starts from a recording is given: replay, build replay, resume and fork
 all come through here.
 
-The recording's shim protocol is checked once (``protocol``); the tape directory is
+The recording's shim protocol is checked once (``protocol``: an exact replay of another
+protocol stops before anything is prepared); the tape directory is
 filled from the events (the shim's streams, the hooks' ``py/`` tape, the key shapes the
 recording redacted with); the recorded workspace is restored from its start snapshot for
 the seal's overlays, secret files served as ``recorder/secretfiles.py`` says; the
@@ -31,8 +32,9 @@ from stenograph.recorder.tape import prepare_tape, recorded_listings
 from stenograph.runner import buildcode
 from stenograph.runner.buildcode import CodeMap
 from stenograph.runner.env import replay_env
+from stenograph.runner.lines import protocol_line
 from stenograph.runner.seal import Seal, born_since, gone_from, seal_roots
-from stenograph.runner.shim import PROTOCOL, readable
+from stenograph.runner.shim import EXACT, PROTOCOL, readable
 from stenograph.runner.workspace import SecretServed, WorkspaceMount
 from stenograph.runner.workspace import prepare as prepare_workspace
 
@@ -44,13 +46,21 @@ def recorded_protocol(started: Mapping[str, Any]) -> str:
 
 def protocol(started: Mapping[str, Any], where: str, *, build: bool = False,
              offer_build: bool = True) -> int | None:
-    """The shim protocol the recording's C tape is read as; one this shim cannot read is
-    refused, except by a build replay (``build``), which runs that tape live: None."""
+    """The shim protocol the recording's C tape is read as. A run that replays it exactly
+    (not ``build``: a replay, a resume's or a fork's prefix) needs one this shim replays
+    bit for bit (``EXACT``); any other stops here, before anything is prepared or run,
+    in one line that names both protocols and the ways on (``lines.protocol_line``; the
+    build replay only where ``offer_build``). A build replay reads what it can
+    (``READS``) and runs any other tape live: None."""
     found = readable(started.get("shim"))
-    if found is None and not build:
-        hint = " (a build replay, --build, still reads it)" if offer_build else ""
-        raise BadInput(f"recorded with shim protocol {recorded_protocol(started)}; this "
-                       f"stenograph speaks {PROTOCOL}{hint}", where)
+    if build:
+        return found
+    if found not in EXACT:
+        shim = started.get("shim")
+        raise BadInput(protocol_line(
+            recorded_protocol(started), PROTOCOL, where, offer_build=offer_build,
+            release=str(started["stenograph"]) if started.get("stenograph") else None,
+            shim=str(shim) if shim else None), where)
     return found
 
 

@@ -9,9 +9,12 @@ effects and the exit status strict, the incidental channels served while they fi
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stenograph.recorder.codec import Event
-from stenograph.recorder.errors import BadInput, CorruptLog
+from stenograph.recorder.errors import WRITE_ERRNOS, BadInput, CorruptLog, WriteFailed
 from stenograph.recorder.resumes import view
 from stenograph.recorder.tape import describe, python_stacks, read_divergences, stream_records
 from stenograph.runner import buildcode, buildreplay, prepare
@@ -69,8 +72,8 @@ def check_request(req: ReplayRequest) -> None:
     if req.keep_tape is not None:
         kt = req.keep_tape
         if kt.exists() and (not kt.is_dir() or any(kt.iterdir())):
-            raise BadInput("--keep-tape: not an empty directory (the tape is prepared in "
-                           "it, and nothing of yours may be mixed in or overlaid)",
+            raise BadInput("--keep-tape: not an empty directory (the tape is moved into "
+                           "it after the run, and nothing of yours may be mixed in)",
                            str(kt))
     if req.keep_writes is not None:
         if req.unsealed:
@@ -117,11 +120,8 @@ def replay(req: ReplayRequest) -> dict[str, Any]:
                                         maps, pp if isinstance(pp, str) else None)
     else:
         argv = prepare.here(list(req.cmd), started.get("cwd")) or recorded_argv
-    tape = req.keep_tape or Path(tempfile.mkdtemp(prefix="steno-tape-"))
+    tape = Path(tempfile.mkdtemp(prefix="steno-tape-"))  # (--keep-tape's: after the run)
     try:
-        if req.keep_tape:
-            tape.mkdir(parents=True, exist_ok=True)
-            (tape / "divergence").unlink(missing_ok=True)
         killed = prepare.killed_by(ended)
         prepare.fill_tape(tape, started, events, blobs, protocol=protocol, killed=killed)
         env = prepare.environ(started, file, {**pointed, **req.env})
@@ -184,13 +184,63 @@ def replay(req: ReplayRequest) -> dict[str, Any]:
                  "nearest": None, "diff": []} for line in refused]
         if req.allow_network:
             report["network"] = "allowed"
+        if req.keep_tape is not None:
+            keep_tape(tape, req.keep_tape)
         return report
     finally:  # (the values the hooks learnt go with the tape)
-        if not req.keep_tape:
-            shutil.rmtree(tape, ignore_errors=True)
+        shutil.rmtree(tape, ignore_errors=True)
         if req.keep_writes is not None:  # overlayfs's work directories: nothing to keep
             for w in req.keep_writes.glob(".work-*"):
                 shutil.rmtree(w, ignore_errors=True)
+
+
+def keep_tape(tape: Path, dest: Path) -> None:
+    """``--keep-tape``: the tape of a replay that ran, moved to ``dest`` (absent or empty)
+    once the run is over. It is prepared elsewhere, in a directory of its own: a
+    workspace's overlay cannot have its lower layers (``tape/ws``) inside itself, and
+    ``dest`` may be in the workspace. Nothing is left in ``dest`` if the move fails."""
+    dest = dest.resolve()
+    made = not dest.exists()
+    names = os.listdir(tape)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(tape, dest)  # (onto an empty directory too)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+        shutil.copytree(tape, dest, symlinks=True, dirs_exist_ok=True,
+                        copy_function=_copy_entry)
+    except BaseException as exc:
+        if made:
+            shutil.rmtree(dest, ignore_errors=True)
+        else:  # what was copied of the tape, and nothing else
+            for name in names:
+                p = dest / name
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+        if isinstance(exc, shutil.Error):  # (copytree's: every file that failed)
+            why = exc.args[0][0][2] if exc.args and isinstance(exc.args[0], list) else exc
+            raise WriteFailed(f"--keep-tape: the tape could not be copied there ({why}); "
+                              "nothing of it was left", str(dest)) from None
+        if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+            raise WriteFailed(f"--keep-tape: the tape could not be copied there "
+                              f"({exc.strerror}); nothing of it was left", str(dest)) from None
+        raise
+
+
+def _copy_entry(src: str, dst: str) -> None:
+    """A file of the tape copied, or a special one (an overlay whiteout) made again
+    where this user may."""
+    st = os.lstat(src)
+    if stat.S_ISREG(st.st_mode):
+        shutil.copy2(src, dst)
+    else:
+        with contextlib.suppress(OSError):
+            os.mknod(dst, st.st_mode, st.st_rdev)
 
 
 def code_maps(req: ReplayRequest, started: Mapping[str, Any],

@@ -32,6 +32,7 @@ from stenograph.recorder.store import Store
 from stenograph.recorder.tape import RecordSession, SessionStats
 from stenograph.runner.launch import RunResult, kill_tree, run_under_shim
 from stenograph.runner.lines import paused_line, stopped_line
+from stenograph.runner.redaction import RunRedactor
 from stenograph.runner.settings import Settings
 from stenograph.runner.worker import Worker
 
@@ -146,7 +147,9 @@ class LiveSession:
     def run(self, argv: Sequence[str], settings: Settings, env: dict[str, str],
             **launch: Any) -> RunResult:
         """The program under the shim with ``settings``; the session stops taking records
-        when it exits. A worker that lost its lease meanwhile ends fenced (exit 8)."""
+        when it exits. What the shim tells the recorder is redacted by the rules the
+        program's hooks start from (``runner/redaction.py``). A worker that lost its lease
+        meanwhile ends fenced (exit 8)."""
         then = launch.get("started") or (self.worker.started if self.worker else None)
 
         def started(proc: subprocess.Popen[bytes]) -> None:
@@ -155,6 +158,7 @@ class LiveSession:
                 then(proc)
 
         launch["started"] = started
+        self.tape.redact = RunRedactor.for_run(env, argv, settings)
         try:
             self.result = run_under_shim(argv, settings.environ(env), **launch)
         finally:

@@ -18,6 +18,23 @@ PROTOCOL = 7
 """Wire/tape protocol version; must match STENO_PROTOCOL in shim_c/steno_shim.h."""
 
 READS = frozenset({2, 3, 4, 5, 6, 7})
+"""The protocols whose tapes a build replay reads (``replay --build``: served where they
+fit, the rest live): a protocol-2 tape is made one of this protocol when it is prepared
+(``recorder.tape.prepare_tape``: its per-call ``getpid`` records are dropped); a
+protocol-3 tape has no net channel, so its connections run live (and a sealed replay
+refuses them); a protocol-4 tape is served with that protocol's reach (``TAPE/protocol``:
+the shim does not follow pipes through ``dup`` and ``exec`` nor tape ``statx`` through
+``syscall()`` for it); a protocol-5 tape's node processes ran without
+``--single-threaded``, and run so."""
+
+EXACT = frozenset({PROTOCOL})
+"""The protocols whose tapes this shim replays bit for bit (``stenograph replay``, a
+resume's or a fork's prefix): its own. An older tape is read (``READS``) but not
+served as its shim served it: a protocol-2 pipeline of coreutils diverged on a signal, a
+protocol-4 one on ``mktemp``'s name, and a thread pool recorded by protocols 3 to 6 ran to
+its end with another output and no divergence at all (the hooks and the scheduler changed
+between protocols too). So an exact replay of any other protocol stops before anything
+runs (``runner/prepare.protocol``); a build replay still reads it."""
 
 NORMALIZE: dict[str, str] = {"node": "--single-threaded", "nodejs": "--single-threaded"}
 """Programs run with one more flag under record and replay (argv[1]); mirrors
@@ -34,17 +51,9 @@ def normalized(argv: list[str], tape_protocol: int | None) -> list[str]:
         return argv
     return [argv[0], flag, *argv[1:]]
 
-"""The protocols whose tapes this shim replays: a protocol-2 tape is made one of this
-protocol when it is prepared (``recorder.tape.prepare_tape``: its per-call ``getpid``
-records are dropped); a protocol-3 tape has no net channel, so its connections run live
-(and a sealed replay refuses them); a protocol-4 tape is replayed with that protocol's
-reach (``TAPE/protocol``: the shim does not follow pipes through ``dup`` and ``exec`` nor
-tape ``statx`` through ``syscall()`` for it); a protocol-5 tape's node processes ran
-without ``--single-threaded``, and are replayed so."""
-
 
 def readable(recorded_shim: object) -> int | None:
-    """The protocol of a recording's ``RunStarted.shim`` if this shim replays it."""
+    """The protocol of a recording's ``RunStarted.shim`` if this shim reads it (``READS``)."""
     head = str(recorded_shim or "?").partition("/")[0]
     return int(head) if head.isdigit() and int(head) in READS else None
 
