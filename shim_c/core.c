@@ -157,18 +157,27 @@ static int ship(uint16_t type, uint32_t tindex, const void *body, size_t n) {
 }
 
 /* Send a barrier-like message (drain, exit, a big record) and wait for the recorder's
- * one-byte answer: everything this process wrote before it is then appended. Returns
- * the answer (1; 0: refused, for an intent the policy denies), 1 without a recorder. */
-static int barrier_with(uint16_t type, const void *body, size_t n) {
-    char ack = 1;
+ * answer: everything this process wrote before it is then appended. The answer's first
+ * byte is the decision (1; 0: refused, for an intent the policy denies...), and some
+ * decisions carry more (a stand-in's port, a settled command's output); 1 without a
+ * recorder. Returns the answer's length. */
+static int barrier_ask(uint16_t type, const void *body, size_t n, char *reply, size_t cap) {
+    reply[0] = 1;
+    long r = 1;
     spin_lock(&g_barrier_lock);
     if (ship(type, me()->tindex, body, n) && g_sock >= 0) {
-        long r;
-        do r = RS3(SYS_read, g_sock, &ack, 1); while (r == -EINTR);
-        if (r != 1) ack = 1;
+        do r = RS3(SYS_read, g_sock, reply, cap); while (r == -EINTR);
+        if (r < 1) { reply[0] = 1; r = 1; }
     }
     spin_unlock(&g_barrier_lock);
-    return ack;
+    return (int)r;
+}
+
+/* The same, for the answers that are one byte. */
+static int barrier_with(uint16_t type, const void *body, size_t n) {
+    char ack[8];
+    barrier_ask(type, body, n, ack, sizeof ack);
+    return ack[0];
 }
 
 static void barrier(uint16_t type) { barrier_with(type, NULL, 0); }

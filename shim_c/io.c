@@ -132,7 +132,9 @@ EXPORT int dup3(int from, int to, int flags) {
 EXPORT int close(int fd) {
     if (UNLIKELY(rfd_is(fd))) rfd_set(fd, 0);
     if (UNLIKELY(pfd_is(fd))) pfd_set(fd, 0);
-    if (UNLIKELY(nfd_is(fd) && g_nconn[fd].ccall[0])) net_conn_closed(fd, "closed");
+    if (UNLIKELY(nfd_is(fd)) &&
+        (g_nconn[fd].ccall[0] || g_nconn[fd].call[0] || g_nconn[fd].held))
+        net_conn_closed(fd, "closed");
     nfd_clear(fd);
     RESOLVE(close);
     return real_close(fd);

@@ -16,22 +16,48 @@
  * own calls (HTTP they record semantically) run paused and are not taped twice. */
 
 #define NET_FDS 1024
+#define HOLD_MAX 8192 /* the largest request head held back for its body (neteffect.c) */
+#define NET_SEND_HELD 1u /* OP_NET_SEND flags: a head held back, not sent until its body */
 #define NET_HEAD 64 /* bytes of each send kept for the report of a different one */
+
+/* Where an HTTP/1 conversation stands (record and replay alike: a resume goes live
+ * between two requests, never inside one). */
+enum { PH_IDLE, PH_ASKED, PH_ANSWERED, PH_ANSWERING };
+
+/* How far an answer is read (neteffect.c answer_feed): its head's lines, then its body. */
+enum { AN_STATUS, AN_HEADERS, AN_BODY, AN_CHUNK_SIZE, AN_CHUNK_DATA, AN_CHUNK_END,
+       AN_TRAILER, AN_TO_CLOSE };
+
+typedef struct {
+    uint8_t st;        /* AN_* */
+    uint8_t chunked;   /* Transfer-Encoding: chunked */
+    uint8_t no_body;   /* a HEAD request's answer */
+    uint16_t linelen;  /* bytes of the line being read (kept: the first sizeof line) */
+    int code;          /* the status code of the answer being read */
+    int64_t length;    /* Content-Length, -1 none */
+    uint64_t left;     /* body (or chunk) bytes still to come */
+    char line[96];
+    char status[64];   /* the final answer's status line, for its ToolResult */
+} answer_t;
 
 typedef struct {
     uint32_t conn;
     uint32_t sends; /* sends so far (for the report) */
     uint32_t reqs;  /* HTTP requests begun on it */
-    int phase;      /* 0: a request may begin; 1: one was sent, no answer yet; 2: answered */
+    int phase;      /* PH_*: an HTTP request asked, its answer being read, answered whole */
     int served;     /* replay: its connect was served, the socket was never connected */
     int fresh;      /* resume: connected live for its first request (net_live) */
-    int refused;    /* resume: its sends are refused (net_may_send said no) */
+    int refused;    /* resume: its sends are refused (mid-conversation at the cut) */
+    int standin;    /* resume: a stand-in answers it (an effect settled with its answer) */
     char call[64];  /* the effect whose answer is awaited ("": none) */
     char ccall[64]; /* the connection itself an effect, open ("": not one) */
     int stream;     /* SOCK_STREAM: its bytes are a conversation */
     char name[72];  /* "tcp 127.0.0.1:8080" */
     struct sockaddr_storage sa; /* the peer, to connect again (resume, net_live) */
     socklen_t salen;
+    answer_t ans;   /* the answer being read */
+    unsigned char *held; /* record: an effect's head, held until its body's first send */
+    uint32_t heldn;
 } netconn_t;
 
 static uint64_t g_nfd[NET_FDS / 64];
@@ -114,9 +140,11 @@ static void nfd_mark(int fd, const netaddr_t *a, const struct sockaddr *sa, sock
     netconn_t *c = &g_nconn[fd];
     c->conn = __atomic_fetch_add(&g_nconns, 1, __ATOMIC_RELAXED);
     c->sends = c->reqs = 0;
-    c->phase = 0;
-    c->served = c->fresh = c->refused = 0;
+    c->phase = PH_IDLE;
+    c->served = c->fresh = c->refused = c->standin = 0;
     c->call[0] = c->ccall[0] = 0;
+    c->held = NULL;
+    c->heldn = 0;
     c->stream = sock_type(fd) == SOCK_STREAM;
     c->salen = len < sizeof c->sa ? len : sizeof c->sa;
     memcpy(&c->sa, sa, c->salen);

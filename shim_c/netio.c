@@ -5,9 +5,10 @@
 /* ------------------------------------------------------------------ send */
 
 /* OP_NET_SEND payload (after the u32 connection): u32 asked | i32 result | u64 digest of
- * the bytes the peer took | u32 head | u32 0 | the first `head` bytes of them */
-typedef struct { uint32_t asked; int32_t result; uint64_t digest; uint32_t head, zero; } netsend_t;
-_Static_assert(sizeof(netsend_t) == 24, "OP_NET_SEND payload: u32 asked | i32 result | u64 digest | u32 head | u32 0");
+ * the bytes the peer took | u32 head | u32 flags | the first `head` bytes of them (all of
+ * them, for a held head: NET_SEND_HELD, not sent until its body's first send) */
+typedef struct { uint32_t asked; int32_t result; uint64_t digest; uint32_t head, flags; } netsend_t;
+_Static_assert(sizeof(netsend_t) == 24, "OP_NET_SEND payload: u32 asked | i32 result | u64 digest | u32 head | u32 flags");
 
 static uint64_t iov_digest(const struct iovec *iov, size_t cnt, size_t n, unsigned char *head,
                            uint32_t *headn) {
@@ -65,16 +66,24 @@ static ssize_t net_send(int fd, const struct msghdr *mh, int flags) {
             return -1;
         }
         int ok = net_request(t, fd, mh, asked);
-        long k = ok ? RS3(SYS_sendmsg, fd, mh, flags) : -ECONNRESET;
+        long k = ok == 2 ? (long)asked : ok ? RS3(SYS_sendmsg, fd, mh, flags) : -ECONNRESET;
         if (!ok) RS2(SYS_shutdown, fd, SHUT_RDWR); /* the policy refused it: as if reset */
         r.asked = asked > 0xffffffffu ? 0xffffffffu : (uint32_t)asked;
         r.result = (int32_t)k;
         r.digest = iov_digest(mh->msg_iov, mh->msg_iovlen, k > 0 ? (size_t)k : 0, head, &r.head);
-        r.zero = 0;
-        unsigned char out[sizeof r + NET_HEAD];
-        memcpy(out, &r, sizeof r);
-        memcpy(out + sizeof r, head, r.head);
-        rec2(t, CH_NET, OP_NET_SEND, &conn, 4, out, (uint32_t)sizeof r + r.head);
+        r.flags = ok == 2 ? NET_SEND_HELD : 0;
+        if (ok == 2) { /* held: the whole head is taped (a resume may hold it again) */
+            unsigned char out[sizeof r + HOLD_MAX];
+            r.head = g_nconn[fd].heldn;
+            memcpy(out, &r, sizeof r);
+            memcpy(out + sizeof r, g_nconn[fd].held, r.head);
+            rec2(t, CH_NET, OP_NET_SEND, &conn, 4, out, (uint32_t)sizeof r + r.head);
+        } else {
+            unsigned char out[sizeof r + NET_HEAD];
+            memcpy(out, &r, sizeof r);
+            memcpy(out + sizeof r, head, r.head);
+            rec2(t, CH_NET, OP_NET_SEND, &conn, 4, out, (uint32_t)sizeof r + r.head);
+        }
         g_nconn[fd].sends++;
         return sys_ret(k);
     }
@@ -85,6 +94,12 @@ static ssize_t net_send(int fd, const struct msghdr *mh, int flags) {
         break;
     }
     memcpy(&r, s.p + 4, sizeof r);
+    if (r.result > 0) { /* where the conversation stands, as record followed it */
+        char hb[2048], target[700];
+        size_t k = iov_head(mh->msg_iov, mh->msg_iovlen, (size_t)r.result, hb, sizeof hb);
+        net_track_send(&g_nconn[fd], hb, k, target, sizeof target);
+        net_served_send(fd, r.flags, s.p + 4 + sizeof r, r.head);
+    }
     g_nconn[fd].sends++;
     if (r.result < 0) { errno = -r.result; return -1; }
     uint32_t hn = 0;
@@ -183,8 +198,8 @@ static ssize_t net_recv(int fd, struct msghdr *mh, int flags) {
     switch (tape_step(t, CH_NET, OP_NET_RECV, &conn, 4, &s)) {
     case STEP_RECORD: {
         if (UNLIKELY(g_nconn[fd].served)) net_live(fd);
+        if (UNLIKELY(g_nconn[fd].held != NULL)) net_unhold(fd);
         long k = RS3(SYS_recvmsg, fd, mh, flags); /* (control messages are not taped) */
-        if (k > 0) net_answered(t, fd, mh->msg_iov, mh->msg_iovlen, (size_t)k);
         r.asked = asked > 0xffffffffu ? 0xffffffffu : (uint32_t)asked;
         r.result = (int32_t)k;
         r.mflags = k >= 0 ? mh->msg_flags : 0;
@@ -209,6 +224,8 @@ static ssize_t net_recv(int fd, struct msghdr *mh, int flags) {
             rec2(t, CH_NET, OP_NET_RECV, &conn, 4, out, (uint32_t)need);
             if (out != stack) shim_unmap(out, need);
         }
+        /* (after the record: an answer's result is a cut, and this receive is before it) */
+        if (k >= 0 && !(flags & MSG_PEEK)) net_received(fd, mh->msg_iov, mh->msg_iovlen, (size_t)k);
         return sys_ret(k);
     }
     case STEP_LIVE:
@@ -237,6 +254,7 @@ static ssize_t net_recv(int fd, struct msghdr *mh, int flags) {
     mh->msg_controllen = 0;
     mh->msg_flags = r.mflags;
     iov_fill(mh->msg_iov, mh->msg_iovlen, s.p + 4 + sizeof r + r.alen, got);
+    if (!(flags & MSG_PEEK)) net_received(fd, mh->msg_iov, mh->msg_iovlen, got);
     return r.result;
 }
 
@@ -465,6 +483,7 @@ static void nfd_dup(int from, int to) {
     if (!nfd_is(from)) return;
     g_nconn[to] = g_nconn[from];
     g_nconn[to].ccall[0] = 0; /* (its result: when the first of them is closed) */
+    g_nconn[to].held = NULL;
     __atomic_fetch_or(&g_nfd[to >> 6], 1ULL << (to & 63), __ATOMIC_RELAXED);
 }
 

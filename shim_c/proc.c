@@ -166,11 +166,13 @@ static void before_exec(int drained) {
 
 /* Record (and a resume's prefix, whose execs a person may have settled): tell the
  * recorder what is about to run (MSG_EXEC), which drains this process as the exec
- * barrier does and decides: 1 run it, 0 refused by the policy, 2 not to be run (a
- * command a person settled as done). 1 without a recorder to ask. */
-static int exec_ask(char *const argv[], int whole) {
+ * barrier does and decides (ANS_*): run it, refused by the policy, not to be run (a
+ * command a person settled as done), or not run with its output given (`reply`: i32
+ * status | the file of its stdout). ANS_GO without a recorder to ask. */
+static int exec_ask(char *const argv[], int whole, char *reply, size_t cap) {
+    reply[0] = ANS_GO;
     if (!g_sockpath[0] || T.guard || reentered() || !(g_mode == MODE_RECORD || g_resume))
-        return 1;
+        return ANS_GO;
     char body[4096], *end = body + sizeof body - 1;
     char *p = s_put(body, end, g_mode == MODE_RECORD ? "L" : "R"); /* live, or replayed */
     if (whole) p = s_put(p, end, "W"); /* a program the shim cannot see into */
@@ -185,9 +187,10 @@ static int exec_ask(char *const argv[], int whole) {
         if (p < end) *p++ = 0;
     }
     T.guard++;
-    int a = barrier_with(MSG_EXEC, body, (size_t)(p - body));
+    int n = barrier_ask(MSG_EXEC, body, (size_t)(p - body), reply, cap - 1);
     T.guard--;
-    return a;
+    reply[n] = 0;
+    return reply[0] == ANS_ANSWERED && n < 6 ? ANS_SKIP : reply[0];
 }
 
 typedef int (*exec_fn)(const char *, char *const[], char *const[]);
@@ -230,10 +233,18 @@ static int exec_taped(exec_fn real, const char *file, char *const argv[], char *
     const char *path = viable && g_mode ? whole_path(file, real == real_execvpe, wb, sizeof wb)
                                         : file;
     int whole = viable && g_mode && pm_unfit(path); /* (one look at the file per exec) */
-    int asked = viable ? exec_ask(argv, whole) : 1;
-    if (asked == 0) { errno = EACCES; return -1; } /* the policy refused the command */
-    if (asked == 2) { g_exit_status = 0; final_flush(); die(0); } /* done, a person said */
-    if (whole) whole_exec(path, argv, envp, asked == 1 && g_mode == MODE_RECORD);
+    char reply[PATH_MAX + 8];
+    int asked = viable ? exec_ask(argv, whole, reply, sizeof reply) : ANS_GO;
+    if (asked == ANS_REFUSED) { errno = EACCES; return -1; } /* the policy refused it */
+    if (asked == ANS_SKIP) { g_exit_status = 0; final_flush(); die(0); } /* done, a person said */
+    if (asked == ANS_ANSWERED) { /* done, with its output: taped as a whole child's */
+        int32_t status;
+        memcpy(&status, reply + 1, 4);
+        whole_given(argv, status, reply + 5);
+    }
+    /* a command a resume answered for a person: its output served as a whole child's */
+    if (!whole && viable && g_mode == MODE_REPLAY && whole_taped(argv)) whole = 1;
+    if (whole) whole_exec(path, argv, envp, asked == ANS_GO && g_mode == MODE_RECORD);
     size_t ml = 0;
     char **env = build_env(envp, g_proc, g_tnext, g_cnext, &ml);
     char *norm[NORMALIZE_MAX_ARGS];

@@ -36,12 +36,21 @@
                        * byte: a connection outside the tree is on disk before it is used */
 #define MSG_INTENT 8  /* "call id \t METHOD url \t body head": an HTTP effect on a taped connection is about
                        * to be sent: drain every ring, append its ToolIntent, sync, answer */
-#define MSG_RESULT 9  /* "call id \t status line": its answer began: ToolResult, sync, answer */
+#define MSG_RESULT 9  /* "call id \t status line": its answer is whole (or the connection, an
+                       * effect, closed): drain every ring, ToolResult, sync, answer -- a cut */
 #define MSG_EXEC 10   /* "L|R call id \0 cwd \0 argv..." (record, and a resume's prefix, R:
-                       * replayed): about to
-                       * exec; drain the process, decide: answers 1 run, 0 refused by the
-                       * policy, 2 do not (settled done); an effect's ToolIntent is synced
-                       * first. MSG_EXIT's body "status N" is the exit status, its result */
+                       * replayed): about to exec; drain the process, decide (ANS_*); an
+                       * effect's ToolIntent is synced first. MSG_EXIT's body "status N" is
+                       * the exit status, its result */
+
+/* The recorder's answers to MSG_INTENT and MSG_EXEC: the first byte, then what it carries */
+#define ANS_REFUSED 0  /* the policy refused it (or a resume: settled done, no answer known) */
+#define ANS_GO 1       /* make it */
+#define ANS_SKIP 2     /* MSG_INTENT: not an effect (a read-only destination); MSG_EXEC: a
+                        * person settled the command as done: not run, status 0 */
+#define ANS_ANSWERED 3 /* settled with its answer: MSG_INTENT "u16 port": a stand-in on
+                        * 127.0.0.1 gives the answer; MSG_EXEC "i32 status | path": not run,
+                        * the file's bytes are its stdout (taped as a whole child's) */
 
 /* The shared rings (ring.c; read by stenograph.recorder.rings): one memfd arena per
  * process, mapped by the process and by the recorder, so a record is the recorder's the

@@ -176,3 +176,40 @@ static void whole_exec(const char *path, char *const argv[], char *const envp[],
         return;
     }
 }
+
+/* Replay: is the next record of this process's io stream a whole child's exec of argv
+ * (a command a resume did not run, its output given by a person: whole_given)? */
+static int whole_taped(char *const argv[]) {
+    if (T.guard || reentered()) return 0;
+    char args[4096];
+    uint32_t an = whole_args(argv, args, sizeof args);
+    return tape_peek(me(), CH_IO, OP_WHOLE_EXEC, args, an) == 1;
+}
+
+/* Record (a resume gone live): a command a person settled as done, with its output, is
+ * not run; this process gives the output file's bytes as its stdout and ends with
+ * `status`, taped as a whole child's, so a replay of the run serves the same. */
+static void whole_given(char *const argv[], int32_t status, const char *file) {
+    tls_t *t = me();
+    char args[4096];
+    uint32_t an = whole_args(argv, args, sizeof args);
+    rec(t, CH_IO, OP_WHOLE_EXEC, args, an);
+    whole_ignore_sigpipe();
+    long fd = RS4(SYS_openat, AT_FDCWD, file, O_RDONLY | O_CLOEXEC, 0);
+    static unsigned char buf[4 + 65536];
+    for (long k = 1; !is_err(fd) && k > 0;) {
+        k = RS3(SYS_read, fd, buf + 4, 65536);
+        if (k == -EINTR) { k = 1; continue; }
+        if (k <= 0) break;
+        uint32_t one = 1;
+        memcpy(buf, &one, 4);
+        rec(t, CH_IO, OP_WHOLE_OUT, buf, 4 + (uint32_t)k);
+        if (write_all(1, buf + 4, (size_t)k) == -EPIPE) break;
+    }
+    if (!is_err(fd)) RS1(SYS_close, fd);
+    int32_t st = (status & 0xff) << 8; /* a wait status: exited with it */
+    rec(t, CH_IO, OP_WHOLE_EXIT, &st, 4);
+    g_exit_status = status & 0xff;
+    final_flush();
+    whole_end(st);
+}

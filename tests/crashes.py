@@ -42,7 +42,7 @@ def kill_at_request(proc: subprocess.Popen[Any], server: Any, n: int) -> threadi
 class Run:
     """One record or resume, and where it is to be killed (None: not killed)."""
 
-    kill: tuple[str, Any] | None
+    kill: tuple[Any, ...] | None
     resume: bool = False
     posts: int = 0
     reads: int = 0
@@ -50,7 +50,8 @@ class Run:
     killed: threading.Event = field(default_factory=threading.Event)
 
     def hit(self, kind: str, n: int) -> None:
-        if self.kill == (kind, n) and self.proc is not None and not self.killed.is_set():
+        if (self.kill is not None and tuple(self.kill[:2]) == (kind, n)
+                and self.proc is not None and not self.killed.is_set()):
             self.killed.set()
             os.killpg(self.proc.pid, signal.SIGKILL)
             raise Drop()
@@ -73,7 +74,16 @@ def service(current: list[Run]) -> EffectService:
         run.reads += 1
         run.hit("read", run.reads)
 
+    def after_answer(path: str, headers: dict[str, str]) -> None:
+        run = current[0]
+        n = run.posts
+        if run.kill is not None and run.kill[0] == "answered" and run.kill[1] == n:
+            time.sleep(float(run.kill[2]) if len(run.kill) > 2 else 0.0)
+            with contextlib.suppress(Drop):
+                run.hit("answered", n)
+
     svc.on_effect, svc.after_effect, svc.on_read = on_effect, after_effect, on_read
+    svc.after_answer = after_answer
     return svc
 
 

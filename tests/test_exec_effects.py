@@ -57,7 +57,8 @@ def _setup(tmp_path: Path, policy: str = POLICY) -> tuple[Path, Path]:
 def _status(store: Path) -> list[list[str]]:
     out = subprocess.run([*CLI, "status", str(store), "t"], capture_output=True, text=True,
                          check=True, timeout=60).stdout
-    return [line.split(None, 2) for line in out.splitlines()[1:] if line.strip()]
+    return [line.split(None, 2) for line in out.splitlines()[1:]
+            if line.strip() and not line.strip().startswith("did:")]
 
 
 def _record_killed_while_deploying(tmp_path: Path, store: Path, log: Path, when: str) -> None:

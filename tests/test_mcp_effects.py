@@ -66,7 +66,8 @@ def _env(url: str) -> dict[str, str]:
 def _status(cwd: Path) -> list[list[str]]:
     out = subprocess.run([*CLI, "status", "store", "t"], cwd=cwd, capture_output=True,
                          text=True, check=True, timeout=60).stdout
-    return [line.split(None, 2) for line in out.splitlines()[1:] if line.strip()]
+    return [line.split(None, 2) for line in out.splitlines()[1:]
+            if line.strip() and not line.strip().startswith("did:")]
 
 
 def _replays(cwd: Path, url: str) -> None:

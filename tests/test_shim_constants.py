@@ -52,6 +52,9 @@ MIRRORS = [
     ("MSG_SYNC", "stenograph.recorder.tape.MSG_SYNC", tape.MSG_SYNC),
     ("MSG_INTENT", "stenograph.recorder.tape.MSG_INTENT", tape.MSG_INTENT),
     ("MSG_RESULT", "stenograph.recorder.tape.MSG_RESULT", tape.MSG_RESULT),
+    ("MSG_EXEC", "stenograph.recorder.tape.MSG_EXEC", tape.MSG_EXEC),
+    *[(name, f"stenograph.recorder.tape.{name}", getattr(tape, name))
+      for name in ("ANS_REFUSED", "ANS_GO", "ANS_SKIP", "ANS_ANSWERED")],
     *[(name, f"stenograph.recorder.rings.{name}",
        getattr(rings, name).decode() if name == "RING_MAGIC" else getattr(rings, name))
       for name in ("RING_MAGIC", "RING_VERSION", "ARENA_HDR", "ARENA_OFF_NSLOTS",
@@ -114,21 +117,27 @@ def test_symbol_rows_match_the_exports() -> None:
     assert exported - hooks == {name for _kind, name in rows}
 
 
-def test_replay_refuses_a_recording_of_another_shim_protocol(tmp_path: Path) -> None:
-    """Records are read by layout: another protocol's tape would be misserved, not refused."""
+@pytest.mark.parametrize("other", [999, shim.PROTOCOL - 1])
+def test_replay_refuses_a_recording_of_another_shim_protocol(tmp_path: Path,
+                                                             other: int) -> None:
+    """Records are read by layout: another protocol's tape would be misserved, not refused.
+    An unknown protocol and an older one this shim reads alike: an exact replay and a fork
+    stop before anything is prepared, in one line naming both protocols and the ways on;
+    a build replay reads it."""
     from stenograph.recorder.trajfile import read_trajectory, write_trajectory
 
     cli = [sys.executable, "-m", "stenograph"]
     rec = tmp_path / "echo.steno"
-    p = subprocess.run([*cli, "record", "-o", str(rec), "--", "echo", "hi"],
-                       capture_output=True, timeout=60)
+    p = subprocess.run([*cli, "record", "--workspace", "none", "-o", str(rec), "--", "echo",
+                        "hi"], capture_output=True, timeout=60)
     assert p.returncode == 0, p.stderr
     tf = read_trajectory(rec)
     events = []
     for ev in tf.events:
         if ev.kind == "RunStarted":
             assert str(ev.body["shim"]).split("/")[0] == str(shim.PROTOCOL)
-            ev = dataclasses.replace(ev, body={**ev.body, "shim": "999/0123456789abcdef"})
+            ev = dataclasses.replace(ev, body={**ev.body, "shim": f"{other}/0123456789abcdef",
+                                               "stenograph": "0.0.9"})
         events.append(ev)
     old = tmp_path / "old.steno"
     write_trajectory(old, tf.traj, events)
@@ -137,11 +146,24 @@ def test_replay_refuses_a_recording_of_another_shim_protocol(tmp_path: Path) -> 
                        capture_output=True, timeout=60)
     assert p.returncode == 2
     lines = p.stderr.decode().strip().splitlines()
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("stenograph: error: recorded with shim protocol 999; "
-                               f"this stenograph speaks {shim.PROTOCOL}"), lines
+    assert lines == [
+        f"stenograph: error: recorded with shim protocol {other}; this stenograph speaks "
+        f"{shim.PROTOCOL} and replays only protocol {shim.PROTOCOL} bit for bit: "
+        f"`stenograph replay --build {old}` judges it against this build, or the "
+        f"stenograph release that recorded it (stenograph 0.0.9, shim "
+        f"{other}/0123456789abcdef) replays it exactly ({old})"], lines
     assert not p.stdout
     assert not tape_dir.exists(), "nothing may be prepared for a refused replay"
+    f = subprocess.run([*cli, "fork", str(old), "--at", "1", "-o", str(tmp_path / "f.steno"),
+                        "--model-url", "http://127.0.0.1:9/v1"],
+                       capture_output=True, text=True, timeout=60)
+    assert f.returncode == 2 and len(f.stderr.strip().splitlines()) == 1, f.stderr
+    assert f"recorded with shim protocol {other}; " in f.stderr
+    assert "--build" not in f.stderr and not (tmp_path / "f.steno").exists()
+    b = subprocess.run([*cli, "replay", "--build", str(old)], capture_output=True, text=True,
+                       timeout=60)
+    assert b.returncode == 0, b.stderr
+    assert f"recorded with shim protocol {other}" in b.stderr  # (a note)
     p = subprocess.run([*cli, "replay", str(rec)], capture_output=True, timeout=60)
     assert p.returncode == 0, p.stderr
 

@@ -10,6 +10,12 @@ declared effect tool whose body is itself an HTTP call, with a read probe. With
 ``ASYNC=1`` the model is called through ``AsyncOpenAI`` in ``asyncio.run`` and the tools
 stay synchronous (a common shape: a sync tool called from an async loop).
 
+``PAY_VIA`` makes ``pay`` shell out or use another client, as agents do: ``curl``,
+``urllib`` (the standard library, on the agent's own socket), ``node`` (a ``fetch``
+child), ``go`` (``PAY_GO``: the static Go tool ``tests/programs/paygo``) or ``psql``
+(``PAY_PG=HOST:PORT``: an INSERT into a PostgreSQL table ``payments``). The default is
+``requests`` (hooked).
+
     python payments_agent.py EFFECT_URL
 """
 
@@ -17,7 +23,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import urllib.error
+import urllib.request
 from typing import Any
 
 import requests
@@ -53,11 +62,64 @@ def pay(amount: str, to: str) -> str:
         except stenograph.ApprovalDenied as exc:
             return json.dumps({"denied": str(exc)})
     headers = {"Idempotency-Key": f"own-{to}-{paid}"} if to == OWN_KEY_PAYEE else {}
+    via = os.environ.get("PAY_VIA", "requests")
+    if via != "requests":
+        return PAY[via](n, to, headers)
     r = requests.post(f"{BASE}/payments", json={"amount": n, "to": to}, headers=headers)
+    try:
+        doc = r.json()
+    except ValueError:  # (a tool error goes back to the model, as agents do)
+        return f"failed: {r.status_code} {r.text[:100]!r}"
     if os.environ.get("LEDGER"):  # a file the run writes, in its workspace
         with open(os.environ["LEDGER"], "a") as f:
-            f.write(f"{r.json().get('id')} {n} {to}\n")
-    return json.dumps(r.json())
+            f.write(f"{doc.get('id')} {n} {to}\n")
+    return json.dumps(doc)
+
+
+def _tool(argv: list[str]) -> str:
+    out = subprocess.run(argv, capture_output=True, text=True)
+    return out.stdout.strip() or f"failed ({out.returncode}): {out.stderr.strip()[-200:]}"
+
+
+def _curl(n: int, to: str, headers: dict[str, str]) -> str:
+    return _tool(["curl", "-s", "-X", "POST", "-H", "Content-Type: application/json",
+                  *[a for k, v in headers.items() for a in ("-H", f"{k}: {v}")],
+                  "-d", json.dumps({"amount": n, "to": to}), f"{BASE}/payments"])
+
+
+def _urllib(n: int, to: str, headers: dict[str, str]) -> str:
+    req = urllib.request.Request(f"{BASE}/payments", method="POST",
+                                 data=json.dumps({"amount": n, "to": to}).encode(),
+                                 headers={"Content-Type": "application/json", **headers})
+    try:
+        return urllib.request.urlopen(req, timeout=30).read().decode()
+    except (OSError, urllib.error.URLError) as exc:
+        return f"failed: {exc}"
+
+
+NODE_PAY = ("const [url, n, to, key] = process.argv.slice(1);"
+            "fetch(url + '/payments', {method: 'POST', headers: Object.assign("
+            "{'Content-Type': 'application/json'}, key ? {'Idempotency-Key': key} : {}),"
+            "body: JSON.stringify({amount: Number(n), to})})"
+            ".then(r => r.text()).then(t => console.log(t), e => console.log('failed: ' + e))")
+
+
+def _node(n: int, to: str, headers: dict[str, str]) -> str:
+    return _tool(["node", "-e", NODE_PAY, BASE, str(n), to,
+                  *headers.values()])
+
+
+def _go(n: int, to: str, headers: dict[str, str]) -> str:
+    return _tool([os.environ["PAY_GO"], BASE, str(n), to, *headers.values()])
+
+
+def _psql(n: int, to: str, headers: dict[str, str]) -> str:
+    host, _, port = os.environ["PAY_PG"].rpartition(":")
+    return _tool(["psql", "-X", "-At", "-h", host, "-p", port, "-U", "postgres", "-c",
+                  f"INSERT INTO payments(amount, dest) VALUES ({n}, '{to}') RETURNING id"])
+
+
+PAY = {"curl": _curl, "urllib": _urllib, "node": _node, "go": _go, "psql": _psql}
 
 
 def _probe(name: str) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from stenograph.cli.options import emit_json, json_stream_options
+from stenograph.recorder.didwhat import described
 from stenograph.recorder.errors import BadInput
 from stenograph.recorder.inputs import traj_id
 from stenograph.recorder.resumes import states
@@ -49,7 +50,10 @@ def status(store: Path, traj: str | None, out: str) -> None:
         for e in st.effects:
             click.echo(f"    {e.call_id:<16} {e.state:<9} {e.target}"
                        + (f"  key {e.idempotency_key}" if e.idempotency_key else "")
-                       + (f"  by {brief_command(e.by)}" if e.by else ""))
+                       + (f"  by {brief_command(e.by)}" if e.by else "")
+                       + (f"  ({e.mark})" if e.mark else ""))
+            if e.state == "in-doubt" and e.did:
+                click.echo(f"    {'':<16} did: {described(e.did)}")
         for a in st.approvals:
             click.echo(f"    {a.call_id:<16} approval {a.state}{' (used)' if a.used else ''}"
                        f"  {a.call}" + (f"  by {a.by}" if a.by else ""))
@@ -67,31 +71,107 @@ def brief_command(line: str, width: int = 100) -> str:
 @click.option("--as", "as_", type=click.Choice(["done", "not-done"]), required=True,
               help="What a person found: the effect happened (done) or did not.")
 @click.option("--result", "result_file", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="A JSON file: the result the program gets for a done call.")
+              default=None, help="done: a JSON file, the answer the program gets for the "
+              "call (an HTTP request's: a 200 with this body, on its own socket too).")
+@click.option("--output", "output_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="done, for an effect made by a command the agent ran "
+              "(psql, curl, a Go binary...): that command is not started again and the "
+              "agent gets this file as its stdout.")
+@click.option("--exit", "exit_status", type=click.IntRange(0, 255), default=None,
+              help="With --output: the command's exit status (default 0).")
 @click.option("--by", default=None, help="Who decided (kept in the log).")
 def settle(store: Path, traj: str, call: str, as_: str, result_file: Path | None,
-           by: str | None) -> None:
-    """Record a person's decision on an effect in doubt (a `Settled` event)."""
+           output_file: Path | None, exit_status: int | None, by: str | None) -> None:
+    """Record a person's decision on an effect in doubt (a `Settled` event).
+
+    \b
+    --as not-done        the resumed run makes it again, once
+    --as done --result F the call is not made; the program gets F's JSON as its answer
+    --as done --output F [--exit N]
+                         the command that made it is not run again; the agent gets F
+                         as its stdout and N as its status
+    --as done            the call is not made and nothing answers it: the program sees
+                         it fail as a lost connection (a model may then try again)"""
     from stenograph.recorder.inputs import input_file
     from stenograph.recorder.store import Store
 
     traj_id(traj)
-    result = None
+    if as_ == "not-done" and (result_file or output_file):
+        raise BadInput("--result and --output say what a done call gave; not with "
+                       "--as not-done", call)
+    if result_file and output_file:
+        raise BadInput("--result (the call's answer) or --output (the command's stdout), "
+                       "not both", call)
+    if exit_status is not None and output_file is None:
+        raise BadInput("--exit goes with --output (the command's status)", call)
+    result = output = None
     if result_file is not None:
         input_file(str(result_file))
         try:
             result = json.loads(result_file.read_text())
         except ValueError as exc:
             raise BadInput(f"--result is not JSON: {exc}", str(result_file)) from None
+    if output_file is not None:
+        input_file(str(output_file))
+        output = output_file.read_bytes()
     (st,) = states(store, traj)
     eff = next((e for e in st.effects if e.call_id == call), None)
     if eff is None:
         raise BadInput(f"no effect {call!r} in {traj} (see `stenograph status`)", str(store))
     if eff.state != "in-doubt":
         raise BadInput(f"{call} is already {eff.state}", str(store))
+    kind = settle_kind(store, traj, call)
+    if output is not None and kind != "command":
+        raise BadInput(f"{call} was not made by a command the agent ran (it was the agent's "
+                       f"own call): give its answer with --result", call)
+    if result is not None and "/net/" in call and call.endswith(".0"):
+        raise BadInput(f"{call} is a connection ({eff.target}), which has no one answer: "
+                       "give the output of the command that made it with --output", call)
+    body: dict[str, Any] = {"call_id": call, "as": as_, "result": result, "by": by}
+    if output is not None:
+        body.update(output=_kept(store, output), exit=exit_status or 0)
     with Store(store) as s:
-        s.append(traj, "Settled", {"call_id": call, "as": as_, "result": result, "by": by})
-    click.echo(f"stenograph: {traj} {call} settled as {as_}", err=True)
+        s.append(traj, "Settled", body)
+    told = ("the program gets that answer" if result is not None else
+            f"the command is not run again: its stdout is {output_file}, its status "
+            f"{exit_status or 0}" if output is not None else
+            "the resumed run makes it again, once" if as_ == "not-done" else
+            "nothing answers it: the program sees the call fail as a lost connection "
+            "(give the answer with --result, or a command's output with --output)"
+            if kind in ("request", "command") else "the call is not made again")
+    click.echo(f"stenograph: {traj} {call} settled as {as_}: {told}", err=True)
+
+
+def settle_kind(store: Path, traj: str, call: str) -> str:
+    """What a person settles: ``command`` (an effect a command the agent ran made: its
+    output can stand in for it), ``request`` (the agent's own HTTP request on its own
+    socket: an answer can), ``connection`` (a raw connection the agent itself opened),
+    or ``call`` (a hooked call, a tool, an MCP call: ``--result`` is its result)."""
+    from stenograph.recorder.reader import StoreReader
+
+    intent: dict[str, Any] = {}
+    started: set[str] = set()
+    for ev in StoreReader(store).events(traj=traj, lazy_tape=True):
+        if ev.kind == "ProcessStarted":
+            started.add(str(ev.body.get("proc")))
+        elif ev.kind == "ToolIntent" and ev.body.get("call_id") == call:
+            intent = ev.body
+            break
+    channel = intent.get("channel")
+    if channel == "exec" or (channel == "net" and intent.get("proc") in started):
+        return "command"
+    if channel == "net":
+        return "connection" if call.endswith(".0") else "request"
+    return "call"
+
+
+def _kept(store: Path, data: bytes) -> Any:
+    """Bytes for the log: inline when small, else a blob (its reference)."""
+    if len(data) <= 64 << 10:
+        return data
+    from stenograph.recorder.blobs import BlobStore
+
+    return BlobStore(store / "blobs").put(data).to_body()
 
 
 @click.command("deliver")

@@ -335,10 +335,13 @@ class Call:
     state: str
     """``done`` / ``failed`` (a call with no intent), ``settled`` / ``in-doubt`` (an effect)."""
     at: At
+    did: str = ""
+    """An effect in doubt: what it did, for the person who settles it (``didwhat``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"call_id": self.call_id, "target": self.target, "effect": self.effect,
-                "state": self.state, "at": self.at.to_json()}
+                "state": self.state, "at": self.at.to_json(),
+                **({"did": self.did} if self.did else {})}
 
 
 @dataclass
@@ -458,7 +461,24 @@ def build(traj: str, header: dict[str, Any], events: list[Event],
                 turns[-1].checkpoints.append(x)
             if turns and not isinstance(x, (ContextBuilt, ModelReplied)):
                 turns[-1].record = rec
+    _say_what_doubts_did(traj, events, turns, before)
     return Trajectory(traj, header, events, turns, before, rec, started, bodies)
+
+
+def _say_what_doubts_did(traj: str, events: list[Event], turns: list[Turn],
+                         before: list[Call]) -> None:
+    """Each call still in doubt gets what it did (``recorder/didwhat.py``)."""
+    if not any(c.state == "in-doubt" for t in turns for c in t.calls) and not any(
+            c.state == "in-doubt" for c in before):
+        return
+    from stenograph.recorder.didwhat import described
+    from stenograph.recorder.effects import fold
+
+    did = {e.call_id: described(e.did) for e in fold(traj, events).effects if e.did}
+    for calls in [before, *(t.calls for t in turns)]:
+        for i, c in enumerate(calls):
+            if c.state == "in-doubt" and c.call_id in did:
+                calls[i] = replace(c, did=did[c.call_id])
 
 
 def _owner(turns: list[Turn], before: list[Call], call: Call) -> list[Call]:

@@ -403,7 +403,8 @@ def _header(run: Run, label: str) -> str:
 def _call_li(c: Call) -> str:
     return (f"<li><span class=\"kind\">{'effect' if c.effect else 'call'}</span> "
             f"<span class=\"target\">{_e(c.target)}</span> "
-            f"<span class=\"state state-{_e(c.state)}\">{_e(c.state)}</span></li>")
+            f"<span class=\"state state-{_e(c.state)}\">{_e(c.state)}</span>"
+            + (f"<div class=\"did\">did: {_e(c.did)}</div>" if c.did else "") + "</li>")
 
 
 def _short(value: Any, width: int = 400) -> str:

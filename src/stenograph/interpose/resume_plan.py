@@ -111,8 +111,9 @@ def person_line(call_id: str, what: str, why: str) -> str:
     """The one line of exit 4: the call, what it sends, why no one else can tell, and the
     command to run next (``STORE TRAJ`` filled in by the CLI)."""
     return (f"effect {call_id} ({what}) is in doubt and {why}: find out whether it "
-            f"happened, then `stenograph settle STORE TRAJ {call_id} --as done|not-done` "
-            "and resume again")
+            f"happened, then `stenograph settle STORE TRAJ {call_id} --as not-done` (it "
+            "did not) or `--as done` with what it answered (`--result FILE`, or "
+            "`--output FILE` for a command's stdout), and resume again")
 
 
 def described(target: str, body: Any) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stenograph.recorder.codec import Event
+from stenograph.recorder.didwhat import what_it_did
 
 
 def call_id(proc: str, channel: str, pos: int) -> str:
@@ -51,12 +52,35 @@ class Effect:
     by: str | None = None
     """The command whose process made it (a program's own connection or request)."""
     fingerprint: str | None = None
+    answered: bool = False
+    """The log holds the answer it got (its ``ToolResult`` from the recorder)."""
+    given: str | None = None
+    """What a person's ``done`` handed the program: ``result`` (an answer), ``output``
+    (a command's stdout and status), or None (nothing: the call fails as a lost
+    connection does, or a tool gets a note)."""
+    did: dict[str, Any] = field(default_factory=dict)
+    """What it did, for the person who must settle it (``recorder/didwhat.py``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"call_id": self.call_id, "target": self.target, "state": self.state,
                 "idempotency_key": self.idempotency_key, "epoch": self.epoch,
                 **({"decision": self.decision} if self.decision else {}),
-                **({"by": self.by} if self.by else {})}
+                **({"answer": self.given or "none"} if self.decision == "done" else {}),
+                **({"by": self.by} if self.by else {}),
+                **({"did": self.did} if self.did else {})}
+
+    @property
+    def mark(self) -> str:
+        """What a person's ``done`` gave the program: ``done, no answer`` for a request or
+        command settled with nothing (its call fails as a lost connection does, a
+        command ends with status 0 and no output), ``done, answer given``, ``done,
+        output given``; "" otherwise."""
+        if self.decision != "done":
+            return ""
+        if self.given is None:
+            return "done, no answer" if self.call_id.split("/")[1:2] in (["net"], ["exec"]) \
+                else ""
+        return f"done, {'answer' if self.given == 'result' else 'output'} given"
 
 
 @dataclass
@@ -93,10 +117,20 @@ class TrajectoryState:
                 "approvals": [a.to_json() for a in self.approvals]}
 
 
-def proposed_calls(response_body: Any) -> list[tuple[str, str]]:
-    """(id, name) of each tool call a model reply proposes, in order (OpenAI chat
-    completions and Responses, Anthropic; streamed or not); none for a body kept in the
-    blob store (over 32 KiB) or not JSON."""
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call a model reply proposes: its id, the tool, its arguments as sent (JSON
+    text; a stream's may be partial)."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+
+def proposed_calls(response_body: Any) -> list[ToolCall]:
+    """Each tool call a model reply proposes, in order (OpenAI chat completions and
+    Responses, Anthropic; streamed or not); none for a body kept in the blob store (over
+    32 KiB) or not JSON."""
     import json
 
     if not isinstance(response_body, bytes):
@@ -104,16 +138,18 @@ def proposed_calls(response_body: Any) -> list[tuple[str, str]]:
     text = response_body.decode("utf-8", "replace").strip()
     docs = [text] if text.startswith("{") else [
         ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")]
-    out: dict[str, str] = {}
+    out: dict[str, ToolCall] = {}
 
     def walk(v: Any) -> None:
         if isinstance(v, dict):
             fn, cid = v.get("function"), v.get("id") or v.get("call_id")
             if isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(cid, str):
-                out.setdefault(cid, fn["name"])
+                out.setdefault(cid, ToolCall(cid, fn["name"], str(fn.get("arguments") or "")))
             elif v.get("type") in ("tool_use", "function_call") and isinstance(
                     v.get("name"), str) and isinstance(cid, str):
-                out.setdefault(cid, v["name"])
+                args = v.get("input") if isinstance(v.get("input"), dict) else v.get("arguments")
+                out.setdefault(cid, ToolCall(cid, v["name"], args if isinstance(args, str)
+                                             else json.dumps(args or {})))
             for x in v.values():
                 walk(x)
         elif isinstance(v, list):
@@ -125,7 +161,7 @@ def proposed_calls(response_body: Any) -> list[tuple[str, str]]:
             walk(json.loads(d))
         except ValueError:
             continue
-    return list(out.items())
+    return list(out.values())
 
 
 def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> TrajectoryState:
@@ -135,7 +171,8 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
     at_pos: dict[str, Effect] = {}  # the latest intent at each place (a resume's may differ)
     asked: dict[str, ApprovalState] = {}
     ended = stopped = False
-    proposals: list[tuple[str, str]] = []  # the last model reply's tool calls
+    proposals: list[ToolCall] = []  # the last model reply's tool calls
+    commands: dict[str, str] = {}  # proc -> the command line it runs (what an effect did)
     handled: set[str] = set()  # calls made since that reply (by call id)
     for ev in events:
         st.events += 1
@@ -156,7 +193,8 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
             eff = Effect(cid, str(body.get("target", "?")), body.get("idempotency_key"),
                          epoch, intent_lsn=ev.lsn,
                          by=str(body["by"]) if body.get("by") else None,
-                         fingerprint=body.get("fingerprint"))
+                         fingerprint=body.get("fingerprint"),
+                         did=what_it_did(body, st.turns, proposals, commands))
             if cid not in by_id:
                 by_id[cid] = at_pos[str(body.get("call_id"))] = eff
                 st.effects.append(eff)
@@ -192,7 +230,12 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
             eff = by_id.get(str(body.get("call_id")))
             if eff is not None and eff.state == "in-doubt":
                 eff.state = "settled"
-                eff.decision = str(body.get("as", "done"))
+                if ev.kind == "ToolResult" and "as" not in body:  # its own answer
+                    eff.answered = True
+                else:
+                    eff.decision = str(body.get("as", "done"))
+                    eff.given = ("output" if body.get("output") is not None else
+                                 "result" if body.get("result") is not None else None)
         elif ev.kind == "LeaseAcquired":
             st.epoch = max(st.epoch, int(body.get("epoch", 0)))
             st.holder = body.get("pid")
@@ -207,10 +250,15 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
             st.exit_status = body.get("status")
         elif ev.kind == "RunStarted":
             ended = False
+            argv = body.get("argv")
+            if isinstance(argv, list):
+                commands["0"] = " ".join(str(a) for a in argv)
+        elif ev.kind == "ProcessStarted":
+            commands[str(body.get("proc"))] = str(body.get("command") or "")
     if not ended:  # proposed by the model, not (yet) made: nothing of them left the host
-        for tcid, name in proposals[len(handled):]:
-            st.effects.append(Effect(f"proposed/{tcid}", f"tool call {name}", None, st.epoch,
-                                     state="not-sent"))
+        for tc in proposals[len(handled):]:
+            st.effects.append(Effect(f"proposed/{tc.id}", f"tool call {tc.name}", None,
+                                     st.epoch, state="not-sent"))
     if ended:
         st.state = "ended"
     elif writer_alive:

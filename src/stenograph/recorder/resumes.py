@@ -55,12 +55,18 @@ def view(events: Iterable[Event]) -> list[Event]:
     return kept
 
 
+RESULT_CUTS = frozenset({"net", "exec"})
+"""Channels whose ``ToolResult`` the recorder appends with every ring drained: the
+answer of a program's own request is whole there, its connection or command ended."""
+
+
 def is_cut(ev: Event) -> bool:
-    """Is the tape consistent at ``ev``: a Python event, or the marked chunk the recorder
-    appends when a process is about to use a connection outside the tree
-    (``MSG_SYNC``)?"""
-    return ev.kind in CUT_KINDS or (ev.kind == "TapeChunk" and isinstance(ev.body, dict)
-                                    and ev.body.get("cut") is True)
+    """Is the tape consistent at ``ev``: a Python event, a program's own effect answered
+    (its whole answer taped before it), or the marked chunk the recorder appends when a
+    process is about to use a connection outside the tree (``MSG_SYNC``)?"""
+    body = ev.body if isinstance(ev.body, dict) else {}
+    return ev.kind in CUT_KINDS or (ev.kind == "TapeChunk" and body.get("cut") is True) or (
+        ev.kind == "ToolResult" and body.get("channel") in RESULT_CUTS and "as" not in body)
 
 
 def cut_seq(events: Sequence[Event]) -> int:
@@ -101,6 +107,28 @@ def redo_points(events: Sequence[Event]) -> list[int]:
             # an MCP call sent again (idempotent) or settled: the server must not have
             # read it in the prefix, or its replay answers what the client never asks
             points.append(e.seq)
+    return points
+
+
+def output_points(events: Sequence[Event]) -> list[int]:
+    """For each effect a person settled since the last resume as done *with the output of
+    the command that made it* (``settle --output``): the last cut before that command's
+    process was started, so the resumed run reaches its exec live and is given the
+    output instead of running it (``RecordSession.outputs``)."""
+    last = max((e.seq for e in events if e.kind == "LeaseAcquired"
+                and isinstance(e.body.get("resumed_at"), int)), default=-1)
+    given = {str(e.body.get("call_id")) for e in events if e.kind == "Settled"
+             and e.seq > last and e.body.get("output") is not None}
+    points = []
+    for i, e in enumerate(events):
+        if e.kind != "ToolIntent" or str(e.body.get("call_id")) not in given:
+            continue
+        proc = e.body.get("proc")
+        began = next((b for b in reversed(events[:i]) if b.kind == "ProcessStarted"
+                      and b.body.get("proc") == proc), None)
+        upto = began.seq if began is not None else e.seq
+        points.append(max((c.seq for c in events if c.seq < upto and is_cut(c)),
+                          default=events[0].seq))
     return points
 
 
@@ -151,7 +179,7 @@ def plan(traj: str, events: Sequence[Event]) -> ResumePlan:
     """The resume of ``traj`` from its events (in log order)."""
     seen = view(events)
     state = fold(traj, seen)
-    cut = min([cut_seq(seen), *redo_points(seen)])
+    cut = min([cut_seq(seen), *redo_points(seen), *output_points(seen)])
     started = next((e.body for e in seen if e.kind == "RunStarted"), {})
     kept = [e for e in seen if e.seq <= cut or e.kind not in DROPPED_AFTER_CUT]
     intents = {str(e.body.get("call_id")): e.body for e in seen if e.kind == "ToolIntent"}
@@ -161,7 +189,7 @@ def plan(traj: str, events: Sequence[Event]) -> ResumePlan:
     for eff in state.effects:
         intent = intents.get(eff.call_id, {})
         if eff.state == "in-doubt":
-            p.in_doubt.append({"call_id": eff.call_id, "target": eff.target,
+            p.in_doubt.append({"call_id": eff.call_id, "target": eff.target, "did": eff.did,
                                "idempotency_key": eff.idempotency_key,
                                "fingerprint": intent.get("fingerprint"),
                                "proc": intent.get("proc"), "channel": intent.get("channel"),

@@ -33,10 +33,12 @@ from stenograph.recorder.commands import Commands, command_line
 from stenograph.recorder.errors import CorruptLog
 from stenograph.recorder.rings import Arena, Drained, process_gone
 from stenograph.recorder.seqpacket import SeqpacketServer
+from stenograph.recorder.tapesecrets import Redactor, masked_sends
 
 MAGIC = b"STP1"
 MSG_DATA, MSG_BARRIER, MSG_EXIT, MSG_RING, MSG_NUDGE, MSG_BIG, MSG_SYNC = 1, 2, 3, 4, 5, 6, 7
 MSG_INTENT, MSG_RESULT, MSG_EXEC = 8, 9, 10
+ANS_REFUSED, ANS_GO, ANS_SKIP, ANS_ANSWERED = 0, 1, 2, 3
 HEADER = struct.Struct("<4sHHIH")
 _ARENA_ID = struct.Struct("<Q")
 RECORD = struct.Struct("<BBHI")
@@ -284,6 +286,8 @@ class SessionStats:
     barriers: int = 0
     procs: set[str] = field(default_factory=set)
     errors: list[str] = field(default_factory=list)
+    answered: list[str] = field(default_factory=list)
+    """Resume: requests the log knew, answered (or refused) rather than made again."""
 
 
 @dataclass
@@ -292,6 +296,26 @@ class _Peer:
 
     proc: str
     arena: Arena | None = None
+
+
+@dataclass(frozen=True)
+class LiveReply:
+    """A resume's answer to a process that reaches, live, a request the log knows
+    (``recorder/answers.py`` decides it): ``redo`` (made again, as ``<call>@<epoch>``),
+    ``ask`` (the policy and a person's approval decide), ``answer`` (a stand-in on
+    127.0.0.1 answers it: ``open()`` starts it and gives its port), ``refuse``."""
+
+    action: str
+    open: Callable[[], int] | None = None
+
+
+@dataclass(frozen=True)
+class GivenOutput:
+    """A command a person settled done with its output: where the output is, and the
+    status its process ends with instead of running it."""
+
+    path: str
+    status: int
 
 
 class RecordSession:
@@ -321,6 +345,12 @@ class RecordSession:
         """Resume: a person's decision (``done``, ``not-done``) on effects left in doubt."""
         self.known: set[str] = set()
         """Resume: the call ids whose intents the log holds (their execs are replayed)."""
+        self.replies: dict[str, LiveReply] = {}
+        """Resume: what a request the log knows is told when a process reaches it live,
+        by the call id its shim computes."""
+        self.outputs: dict[str, GivenOutput] = {}
+        """Resume: by process, the command settled done with its output, not run: the
+        first exec that process makes live is answered with it."""
         self.approvals: dict[str, dict[str, Any]] = {}
         """Resume: the held calls not yet used, with a person's decision when there is one
         (``resumes.ResumePlan.approvals``)."""
@@ -330,6 +360,9 @@ class RecordSession:
         self._pending: dict[str, str] = {}  # proc -> the exec effect it is running
         self._renamed: dict[str, str] = {}  # a redone effect's call id -> its new one
         self._commands: dict[str, str] = {}  # proc -> the command line it last exec'd
+        self.redact: Redactor | None = None
+        """The run's redaction of command lines, requests and send heads before they are
+        appended (``recorder/tapesecrets.py``); None: appended as the shim sent them."""
         self.store = store
         self.traj = traj
         self.stats = SessionStats()
@@ -440,12 +473,28 @@ class RecordSession:
         durable before the process goes on."""
         call_id, _, rest = body.decode("utf-8", "replace").partition("\t")
         ack = b"\x01"
-        if mtype == MSG_INTENT and call_id in self.settled:  # redone: an effect of its own
+        reply = self.replies.get(call_id) if mtype == MSG_INTENT else None
+        if reply is not None and reply.action in ("answer", "refuse"):  # made before
+            port = 0
+            if reply.action == "answer" and reply.open is not None:
+                try:
+                    port = reply.open()
+                except Exception as exc:  # noted: refused, never made twice
+                    with self._lock:
+                        self.stats.errors.append(f"stand-in for {call_id}: {exc}")
+            with self._lock:
+                self.stats.answered.append(call_id)
+            conn.send(bytes([ANS_ANSWERED]) + struct.pack("<H", port) if port
+                      else bytes([ANS_REFUSED]))
+            return
+        if reply is not None and reply.action == "redo":  # an effect of its own
             self._renamed[call_id] = f"{call_id}@{self.epoch}"
         call_id = self._renamed.get(call_id, call_id)
         try:
             if mtype == MSG_INTENT:
                 target, _, head = rest.partition("\t")
+                if self.redact is not None:  # as the hooks redact their requests
+                    target = self.redact.text(target)
                 if target.startswith("connect ") and not self.commands.is_effect_connection(
                         target[8:]):
                     conn.send(b"\x02")  # a destination the policy says is read-only
@@ -461,14 +510,16 @@ class RecordSession:
                 with self._lock:
                     by = self._commands.get(proc)
                 head, _, key = head.partition("\t")  # (an Idempotency-Key it carries)
+                if self.redact is not None and head:
+                    head = self.redact.text(head)
                 self.store.append(self.traj, "ToolIntent",
                                   {"call_id": call_id, "target": target, "channel": "net",
                                    "proc": proc, "epoch": self.epoch,
                                    **({"arguments": head} if head else {}),
                                    **({"idempotency_key": key} if key else {}),
                                    **({"by": by} if by else {})}, durable=False)
-            else:
-                self._drain(peer.arena)
+            else:  # every ring drained: a cut, its whole answer before it
+                self.drain_all()
                 self.store.append(self.traj, "ToolResult",
                                   {"call_id": call_id, "channel": "net", "status": rest},
                                   durable=False)
@@ -490,7 +541,8 @@ class RecordSession:
         replayed, whole = parts[0][:1] == b"R", parts[0][1:2] == b"W"
         call_id = parts[0][1 + whole:].decode("utf-8", "replace")
         cwd = parts[1].decode("utf-8", "replace") if len(parts) > 1 else ""
-        line = command_line([p.decode("utf-8", "replace") for p in parts[2:] if p])
+        args = [p.decode("utf-8", "replace") for p in parts[2:] if p]
+        line = command_line(self.redact.argv(args) if self.redact is not None else args)
         with self._lock:
             self._commands[proc] = line
         answer = 1
@@ -500,6 +552,12 @@ class RecordSession:
                 self.store.append(self.traj, "ProcessStarted",
                                   {"proc": proc, "command": line, "cwd": cwd,
                                    "at": time.time()}, durable=False)
+            with self._lock:
+                given = self.outputs.pop(proc, None)
+            if given is not None:  # settled done with its output: not run
+                conn.send(bytes([ANS_ANSWERED]) + struct.pack("<i", given.status)
+                          + given.path.encode())
+                return
             if call_id in self.settled:
                 if self.settled[call_id] == "done":
                     answer = 2
@@ -567,7 +625,8 @@ class RecordSession:
             call_id = self._pending.pop(proc, None)
         self.store.append(self.traj, "ProcessEnded", {"proc": proc, "status": status,
                                                       "at": time.time()}, durable=False)
-        if call_id is not None:
+        if call_id is not None:  # every ring drained: a cut, the command over
+            self.drain_all()
             self.store.append(self.traj, "ToolResult",
                               {"call_id": call_id, "channel": "exec", "status": status},
                               durable=False)
@@ -598,7 +657,8 @@ class RecordSession:
 
     def _append(self, proc: str, chunks: list[Drained]) -> None:
         for c in chunks:
-            self.store.append(self.traj, "TapeChunk", chunks_mod.encode(proc, c.thread, c.data),
+            data = c.data if self.redact is None else masked_sends(c.data, self.redact.mask)
+            self.store.append(self.traj, "TapeChunk", chunks_mod.encode(proc, c.thread, data),
                               durable=False)
         with self._lock:
             self.stats.chunks += len(chunks)

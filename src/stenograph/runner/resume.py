@@ -22,15 +22,18 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stenograph.interpose import resume_plan
 from stenograph.recorder import keyshapes
+from stenograph.recorder.answers import net_answers, outputs, recorded_answer
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.checkpoints import Checkpointer
 from stenograph.recorder.codec import Event
+from stenograph.recorder.didwhat import described
 from stenograph.recorder.drift import signature, tool_calls_of
 from stenograph.recorder.errors import BadInput, StenographError
 from stenograph.recorder.exchanges import ExchangeServer
@@ -46,12 +49,13 @@ from stenograph.recorder.snapshots import (
     start_snapshot,
 )
 from stenograph.recorder.store import Store
-from stenograph.recorder.tape import read_divergences
+from stenograph.recorder.tape import GivenOutput, LiveReply, read_divergences
 from stenograph.runner import prepare
 from stenograph.runner.pathmap import MappedHold, hold
 from stenograph.runner.seal import HeldSeal, seal_roots
 from stenograph.runner.session import LiveSession, socket_dir, sweep_dead_sockets
 from stenograph.runner.settings import TapeFiles
+from stenograph.runner.standin import StandIns
 from stenograph.runner.worker import Worker
 from stenograph.runner.workspace import WorkspaceMount
 from stenograph.runner.workspace import prepare as prepare_workspace
@@ -78,10 +82,22 @@ OWN_SETTLING = ("net", "exec", "mcp")
 (a declared tool's own ``probe`` answers for it)."""
 
 
-def run_probe(probe: Any, doubt: dict[str, Any], cwd: str) -> str | None:
+@dataclass(frozen=True)
+class ProbeSaid:
+    """What a probe found: ``done`` (with what it printed, the answer the program gets:
+    a request's JSON ``result``, a command's ``output``) or ``not-done``."""
+
+    decision: str
+    result: Any = None
+    output: bytes | None = None
+
+
+def run_probe(probe: Any, doubt: dict[str, Any], cwd: str) -> ProbeSaid | None:
     """Run a policy's probe for an effect in doubt (``sh -c``, in the run's working
-    directory, told which call by ``STENO_PROBE_*``): ``done`` on exit 0, ``not-done`` on
-    exit 1, None when it cannot tell (anything else, or it did not finish)."""
+    directory, told which call by ``STENO_PROBE_*``): done on exit 0, not done on exit 1,
+    None when it cannot tell (anything else, or it did not finish). Done, what it prints
+    is the call's answer: JSON for a request (``settle --result``), the bytes of a
+    command's stdout (``settle --output``)."""
     env = {**os.environ, "STENO_PROBE_CALL_ID": str(doubt["call_id"]),
            "STENO_PROBE_TARGET": str(doubt["target"]),
            "STENO_PROBE_BY": str(doubt.get("by") or ""),
@@ -91,7 +107,18 @@ def run_probe(probe: Any, doubt: dict[str, Any], cwd: str) -> str | None:
                            capture_output=True, timeout=PROBE_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return {0: "done", 1: "not-done"}.get(p.returncode)
+    if p.returncode == 1:
+        return ProbeSaid("not-done")
+    if p.returncode != 0:
+        return None
+    if not p.stdout.strip():
+        return ProbeSaid("done")
+    if doubt.get("channel") == "exec" or str(doubt["call_id"]).endswith(".0"):
+        return ProbeSaid("done", output=p.stdout)  # a command's, a connection's maker's
+    try:
+        return ProbeSaid("done", result=json.loads(p.stdout))
+    except ValueError:
+        return ProbeSaid("done")  # (not an answer: settled done, with nothing to give)
 
 
 def resume(req: ResumeRequest) -> dict[str, Any]:
@@ -140,7 +167,8 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
                 continue
             said = run_probe(probe, d, str(started.get("cwd") or "."))
             if said is not None:  # it found out: done, or not done (made again)
-                found.append((d["call_id"], said, f"probe: {probe.command}"))
+                found.append((d["call_id"], said.decision, f"probe: {probe.command}",
+                              said.result, said.output))
         if found:  # settled without a person: a key makes it safe to send again, or a probe
             _settle(store, traj, found)
             events = list(StoreReader(store).events(traj=traj, lazy_tape=True))
@@ -163,8 +191,10 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
             return {"traj": traj, "resumed": True, "epoch": rp.state.epoch,
                     "in_doubt": [x["call_id"] for x in rp.in_doubt],
                     "attention": {"call_id": d["call_id"], "target": d["target"], "why": why,
+                                  "did": d.get("did") or {},
                                   "line": resume_plan.person_line(
-                                      d["call_id"], resume_plan.described(
+                                      d["call_id"], described(d["did"]) if d.get("did")
+                                      else resume_plan.described(
                                           d["target"], d.get("by") or d.get("arguments")),
                                       why)}}
         blobs = BlobStore(store / "blobs")
@@ -183,11 +213,15 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
     return {"traj": traj, "resumed": True, **out}
 
 
-def _settle(store: Path, traj: str, decisions: list[tuple[str, str, str]]) -> None:
-    """Append a ``Settled`` (call, as, by) for each decision made without a person."""
+def _settle(store: Path, traj: str, decisions: list[tuple[Any, ...]]) -> None:
+    """Append a ``Settled`` (call, as, by[, result, output]) for each decision made
+    without a person."""
     with Store(store, shared=True) as s:
-        for call, as_, by in decisions:
-            s.append(traj, "Settled", {"call_id": call, "as": as_, "result": None, "by": by})
+        for call, as_, by, *given in decisions:
+            result, output = [*given, None, None][:2]
+            s.append(traj, "Settled", {"call_id": call, "as": as_, "result": result,
+                                       "by": by, **({"output": output, "exit": 0}
+                                                    if output is not None else {})})
 
 
 def _body(value: Any, blobs: BlobStore) -> bytes:
@@ -228,6 +262,7 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
     out: dict[str, Any] = {"epoch": epoch, "cut": rp.cut,
                            "in_doubt": [d["call_id"] for d in rp.in_doubt]}
     held: HeldSeal | MappedHold | None = None
+    standins = StandIns()
     try:
         with Store(store, shared=True) as s:
             s.append(traj, "LeaseAcquired", {"epoch": epoch, "pid": os.getpid(),
@@ -248,12 +283,6 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
             (tape / "py" / resume_plan.FILE).write_text(json.dumps(
                 {"in_doubt": {d["call_id"]: d for d in rp.in_doubt},
                  "approvals": rp.approvals, "drift": drift, "keys": keys}))
-            # requests the prefix reaches that may go out live: effects a person settled
-            # as not done, and held ones (made, refused or held again as decided)
-            TapeFiles(tape).net_redo.write_text("".join(
-                [f"{e.call_id}\n" for e in rp.state.effects
-                 if "/net/" in e.call_id and e.decision in ("not-done", "reissue")]
-                + [f"{cid}\n" for cid in rp.approvals if "/net/" in cid]))
             sw = _seal_workspace(s, store, traj, rp, tape, all_events, out)
             checkpoints = sw.checkpoints if sw is not None else None
             held = hold(_seal(started, tape, sock_dir, store, sw), os.environ)
@@ -264,21 +293,56 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
             # a command the prefix runs again is replayed, or (settled) done or redone
             session.tape.known = {str(e.body.get("call_id")) for e in rp.events
                                   if e.kind == "ToolIntent"}
-            session.tape.settled = {e.call_id: e.decision for e in rp.state.effects
-                                    if e.decision is not None}
+            session.tape.settled = {e.call_id: "done" if e.answered else str(e.decision)
+                                    for e in rp.state.effects
+                                    if e.decision is not None or e.answered}
             session.tape.approvals = rp.approvals
+            _known_answers(session, rp, tape, standins)
             try:
                 _outcome(session, epoch, tape, started, held, out)
             finally:
                 held.close()
+                standins.close()
+            if session.tape.stats.answered:
+                out["answered"] = sorted(set(session.tape.stats.answered))
             if sw is not None and "divergences" not in out and worker.fenced() is None:
                 _write_back(sw, store, traj, epoch, out)
             return out
     finally:
+        standins.close()
         if held is not None:
             held.close()
         shutil.rmtree(tape, ignore_errors=True)
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _known_answers(session: LiveSession, rp: ResumePlan, tape: Path,
+                   standins: StandIns) -> None:
+    """What the resumed run's processes are told when they reach, live, a request or a
+    command the log knows (``recorder/answers.py``): each request's reply (an answer
+    opens a stand-in when it is first reached), and the commands given their output."""
+    def recorded(call: str) -> Callable[[], bytes]:
+        def read() -> bytes:
+            got = recorded_answer(rp.events, call)
+            if not got:
+                raise ValueError("the log holds no answer for it")
+            return got
+        return read
+
+    replies = {}
+    for call, a in net_answers(rp.events, rp.state, rp.approvals).items():
+        if a.action == "answer":
+            source = recorded(a.recorded) if a.recorded else (lambda b=a.answer: b)
+            replies[call] = LiveReply("answer", standins.opener(source))
+        else:
+            replies[call] = LiveReply(a.action)
+    session.tape.replies = replies
+    given = tape / "given"
+    for o in outputs(rp.events, rp.state, BlobStore(session.store.path / "blobs")):
+        given.mkdir(exist_ok=True)
+        path = given / re.sub(r"[^0-9A-Za-z.@-]", "_", o.call_id)
+        path.write_bytes(o.stdout)
+        session.tape.outputs[o.proc] = GivenOutput(str(path), o.status)
 
 
 def _outcome(session: LiveSession, epoch: int, tape: Path, started: dict[str, Any],

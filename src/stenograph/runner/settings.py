@@ -124,13 +124,6 @@ class TapeFiles:
         return list(dict.fromkeys(ln.rsplit(" (proc ", 1)[0] for ln in lines if ln.strip()))
 
     @property
-    def net_redo(self) -> Path:
-        """Resume: the call ids of HTTP effects on taped connections that a person settled
-        as not done, one per line: the shim connects such a request's socket again and
-        sends it live (``shim_c/neteffect.c``, ``net_may_send``)."""
-        return self.root / "net-redo"
-
-    @property
     def py(self) -> Path:
         """The hooks' tape: ``py/<proc>.msgpack`` (``recorder/exchanges.prepare_py_tape``)."""
         return self.root / "py"

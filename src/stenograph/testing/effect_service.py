@@ -8,6 +8,7 @@ Payments/provisioning style, on 127.0.0.1:
 * ``POST /servers`` ``{"name": s}``: provisions a server. **No** idempotency support:
   every call makes one, whatever its headers say.
 * ``GET /servers?name=s``: the read probe for it: the servers of that name.
+* ``GET /payments?to=s&amount=n``: the payments made to ``s`` (of ``n``): a probe's read.
 * ``GET /stats``: what happened, as ground truth for tests: ``{"payments": n,
   "servers": n, "by_key": {key: count}, "by_name": {name: count}, "requests": n,
   "rejected_stale": n}``.
@@ -65,6 +66,9 @@ class EffectService:
         the answer is sent (raise ``Drop``: applied, never answered)."""
         self.on_read: Any = None
         """Called as ``on_read(path)`` when a GET arrives (raise ``Drop`` to drop it)."""
+        self.after_answer: Any = None
+        """Called as ``after_answer(path, headers)`` once a mutating request's answer has
+        been written (a crash after the effect's answer left)."""
         self._httpd = ThreadingHTTPServer((host, port), _handler(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -139,6 +143,12 @@ class EffectService:
         with self._lock:
             return 200, {"servers": [s for s in self.servers if s["name"] == name]}
 
+    def find_payments(self, to: str, amount: str) -> tuple[int, dict[str, Any]]:
+        """The payments made to ``to`` (of ``amount``, if given): what a probe asks."""
+        with self._lock:
+            return 200, {"payments": [p for p in self.payments if p["to"] == to and (
+                not amount or str(p["amount"]) == amount)]}
+
 
 def _handler(svc: EffectService) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -170,6 +180,10 @@ def _handler(svc: EffectService) -> type[BaseHTTPRequestHandler]:
                 self._send(200, svc.stats())
             elif url.path == "/servers":
                 self._send(*svc.find_servers(parse_qs(url.query).get("name", [""])[0]))
+            elif url.path == "/payments":
+                q = parse_qs(url.query)
+                self._send(*svc.find_payments(q.get("to", [""])[0],
+                                              q.get("amount", [""])[0]))
             else:
                 self._send(404, {"error": "no such endpoint"})
 
@@ -211,6 +225,9 @@ def _handler(svc: EffectService) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return
             self._send(status, out)
+            self.wfile.flush()
+            if svc.after_answer is not None:
+                svc.after_answer(path, dict(self.headers.items()))
 
     return Handler
 

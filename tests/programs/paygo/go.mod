@@ -1,0 +1,3 @@
+module paygo
+
+go 1.19

@@ -1,0 +1,33 @@
+"""Every payment exactly once, through every way out, across crashes (``ways_out.py``
+says how a trial goes). ``make test`` runs a few trials of each way; ``make soak`` runs
+``STENO_WAYS_TRIALS`` of each (``STENO_WAYS`` narrows the ways). The counts of the last
+soak are in ``docs/crash-and-resume.md``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from ways_out import WAYS, plan_trials, run_trial, whole_run_time
+
+TRIALS = int(os.environ.get("STENO_WAYS_TRIALS", "2"))
+CHOSEN = [w for w in os.environ.get("STENO_WAYS", ",".join(WAYS)).split(",") if w]
+pytestmark = pytest.mark.alone  # kills process groups at random moments
+
+
+def _needs(way: str) -> None:
+    tool = {"curl": "curl", "node": "node", "node-agent": "node", "psql": "psql",
+            "go": "go"}.get(way)
+    if tool and not shutil.which(tool):
+        pytest.skip(f"{tool} is not installed")
+
+
+@pytest.mark.parametrize("way", CHOSEN)
+def test_every_payment_exactly_once_through(tmp_path: Path, way: str) -> None:
+    _needs(way)
+    took = whole_run_time(tmp_path / "whole", way)
+    trials = plan_trials(way, TRIALS, int(os.environ.get("STENO_WAYS_SEED", "38")), took)
+    for i, trial in enumerate(trials):
+        run_trial(tmp_path / f"t{i}", trial)
