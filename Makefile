@@ -47,6 +47,10 @@ test: $(STAMP) $(USTAMP)
 	@command -v age-keygen >/dev/null || \
 	    (apt-get install -y age >/dev/null 2>&1 || \
 	     (apt-get update >/dev/null && apt-get install -y age >/dev/null))
+# golang-go: tests/test_ways_out.py builds a static Go payment tool (CGO_ENABLED=0)
+	@command -v go >/dev/null || \
+	    (apt-get install -y golang-go >/dev/null 2>&1 || \
+	     (apt-get update >/dev/null && apt-get install -y golang-go >/dev/null))
 # two workers, a test file each (its module fixtures recorded once): the suite waits on
 # disks and children more than on either core. Then, alone, the files that kill recorded
 # trees at random moments: beside another worker's load, about one replay of a killed
@@ -93,6 +97,8 @@ soak: $(STAMP)
 	STENO_SOCKET_REPLAYS=10 $(BIN)/pytest -q tests/test_socket_tape.py
 	STENO_NET_CRASH_TRIALS=60 $(BIN)/pytest -q tests/test_net_effects.py -k crash_anywhere
 	STENO_PSQL_CRASH_TRIALS=30 $(BIN)/pytest -q tests/test_psql_effects.py -k crash_anywhere
+# every way out (requests, curl, urllib, node, go, psql, a Node agent): 7 x 100 trials
+	STENO_WAYS_TRIALS=100 $(BIN)/pytest -q tests/test_ways_out.py
 # a run of 100 million clock reads in the same memory bounds as 20 million
 	STENO_LONG_READS=100000000 $(BIN)/pytest -q tests/test_chunks.py -k bounded_memory
 	STENO_PAY_TRIALS=150 STENO_PAY_BOUNDARIES=all $(BIN)/pytest -q tests/test_payments_agent.py

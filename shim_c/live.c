@@ -15,7 +15,6 @@
  * A thread that never reaches the end of its tape (blocked in a call the shim does not
  * see) would keep the others parked: after LIVE_WAIT_MS the process goes live anyway. */
 
-#define LIVE_WAIT_MS 2000
 
 static int g_live_lock;
 static int g_live_word;    /* bumped when the process goes live; parked threads sleep on it */

@@ -520,6 +520,8 @@ _Static_assert(sizeof(netev_t) == 16, "OP_NET_EPOLL event: u32 conn | u32 events
 #define NET_EVMAX 256
 #define NOT_A_CONN 0xffffffffu
 
+static void go_live(void); /* live.c */
+
 static uint32_t net_epoll_others(int ep, const unsigned char *p, uint32_t n, const sigset_t *ss) {
     uint64_t want[NET_EVMAX];
     uint32_t left = 0;
@@ -535,6 +537,13 @@ static uint32_t net_epoll_others(int ep, const unsigned char *p, uint32_t n, con
          * cut); the recorded events are handed back, the fds read as they are */
         if (UNLIKELY(g_resume) && __atomic_load_n(&g_mode, __ATOMIC_SEQ_CST) == MODE_RECORD)
             return 0;
+        /* still waiting after LIVE_WAIT_MS in a resumed prefix: the writer is another
+         * thread that can only go on live (parked at its cut, or behind this one's turn):
+         * the process goes live now, as live.c's wait would */
+        if (UNLIKELY(g_resume) && tries >= LIVE_WAIT_MS / 10) {
+            go_live();
+            return 0;
+        }
         long r = RS6(SYS_epoll_pwait, ep, got, 64, 10, ss, 8);
         for (long i = 0; i < r; i++)
             for (uint32_t j = 0; j < left; j++)

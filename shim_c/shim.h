@@ -126,6 +126,11 @@ static int g_virt;
  * what a newer shim tapes that an older recording did not is left as that shim left it. */
 static int g_tape_proto = STENO_PROTOCOL;
 #define SINCE(v) (g_tape_proto >= (v))
+
+/* Resume: the longest a process waits for its taped threads to reach their cut before
+ * it goes live anyway (live.c), and a replayed wait for another thread's fds before it
+ * does the same (netio.c). */
+#define LIVE_WAIT_MS 2000
 /* Seccomp filters already on this process tree (inherited across fork and exec, never
  * removable): "n" once the network rule is in, "t<lo>-<hi>" per trapped text range.
  * Travels to exec'd / spawned children as STENO_FILT. */

@@ -140,7 +140,7 @@ def test_a_user_records_and_replays_sealed(user: tuple[str, Path],
     for flags in ([], ["--build"]):
         rep = _run([*cli, "replay", str(base / f"{name}.steno"), "--json", *flags], base, ws,
                    wrap=wrap)
-        assert rep.returncode == 0, rep.stderr
+        assert rep.returncode == 0, (rep.stderr, rep.stdout[-4000:])
         report = json.loads(rep.stdout.splitlines()[-1])
         assert report["sealed"] == kind
         if not flags:
@@ -148,13 +148,13 @@ def test_a_user_records_and_replays_sealed(user: tuple[str, Path],
     assert _digest(ws) == before, "a replay wrote into the real workspace"
     if kind == "user-namespace":  # judged from another directory, as another shell would
         rep = _run([*cli, "replay", str(base / f"{name}.steno")], base, base, wrap=wrap)
-        assert rep.returncode == 0, rep.stderr
+        assert rep.returncode == 0, (rep.stderr, rep.stdout[-4000:])
         assert "bit-identical" in rep.stderr
     # what it wrote, kept aside on request: the overlay's upper layer, or its likeness
     keep = base / f"kept-{kind}"
     rep = _run([*cli, "replay", str(base / f"{name}.steno"), "--keep-writes", str(keep)],
                base, ws, wrap=wrap)
-    assert rep.returncode == 0, rep.stderr
+    assert rep.returncode == 0, (rep.stderr, rep.stdout[-4000:])
     kept = {p.name for p in keep.rglob("*")}
     assert "out.txt" in kept, kept
     assert _digest(ws) == before
@@ -208,7 +208,7 @@ def test_tools_that_are_other_programs_replay_without_touching_the_workspace(
                               base), cwd=ws, check=True, env=_env(base))
     before, tmp_before = _digest(ws), set(Path("/tmp").glob("tools-*"))
     rep = _run([*cli, "replay", str(steno), "--json"], base, ws, wrap=wrap)
-    assert rep.returncode == 0, rep.stderr
+    assert rep.returncode == 0, (rep.stderr, rep.stdout[-4000:])
     report = json.loads(rep.stdout.splitlines()[-1])
     assert report["sealed"] == kind
     assert report["divergences"] == [] and all(report["identical"].values()), report

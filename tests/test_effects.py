@@ -125,7 +125,10 @@ def test_status_names_an_effect_in_doubt(tmp_path: Path) -> None:
     (report,) = json.loads(p.stdout)["trajectories"]
     assert report["state"] == "needs-attention"
     assert report["effects"] == [{"call_id": "0/http/0", "target": "POST http://svc/payments",
-                                  "state": "in-doubt", "idempotency_key": "k1", "epoch": 0}]
+                                  "state": "in-doubt", "idempotency_key": "k1", "epoch": 0,
+                                  "did": {"process": "0", "command": "prog",
+                                          "request": {"method": "POST",
+                                                      "url": "http://svc/payments"}}}]
     bad = subprocess.run([*CLI, "status", str(tmp_path / "nope")], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

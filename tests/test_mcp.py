@@ -39,6 +39,10 @@ def _env(sdk: str) -> dict[str, str]:
         env["PYTHONPATH"] = str(installed(*TARGETS[sdk]))
     if sdk == "fastmcp":
         env["STAMP_SERVER"] = "fastmcp"
+        # its banner's update check writes ~/.local/share/fastmcp/version_cache.json the
+        # first time: a file the recording made outside the workspace, which the replay
+        # then finds (docs/determinism.md, files created elsewhere)
+        env["FASTMCP_CHECK_FOR_UPDATES"] = "off"
     return env
 
 

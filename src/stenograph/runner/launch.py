@@ -40,6 +40,7 @@ from stenograph.runner.seal import (
     seal_roots,
     why_pipe,
 )
+from stenograph.runner.settings import STACK_LIKE
 from stenograph.runner.shim import normalized
 
 ADDR_NO_RANDOMIZE = 0x0040000
@@ -208,13 +209,34 @@ seeds its first ``mktemp -d`` name with ``&v``) would differ. Children inherit t
 with the rest (the shim passes every ``STENO_*`` variable on)."""
 
 
+def env_size(env: Mapping[str, str]) -> tuple[int, int]:
+    """The bytes (each ``NAME=value`` and its NUL) and number of the variables of ``env``
+    that are not ``STENO_*``: what of the initial stack the program's own environment
+    takes, with the shim's ``LD_PRELOAD`` and the hooks' ``PYTHONPATH``."""
+    rest = [(k, v) for k, v in env.items() if not k.startswith("STENO_")]
+    return sum(len(os.fsencode(k)) + len(os.fsencode(v)) + 2 for k, v in rest), len(rest)
+
+
 def pad_steno_env(env: Mapping[str, str]) -> dict[str, str]:
-    out = {k: v for k, v in env.items() if not k.startswith("STENO_PAD")}
+    """``env`` with the ``STENO_*`` part padded to its fixed size -- made larger or
+    smaller by what the rest differs from the recorded run's (``STENO_STACK``): a
+    redacted secret's value, the path of the shim or the hooks of another install, so
+    the program's stack starts where it started when it was recorded."""
+    out = {k: v for k, v in env.items() if not k.startswith("STENO_PAD") and k != STACK_LIKE}
+    more_bytes = more_vars = 0
+    like = env.get(STACK_LIKE, "")
+    if like:
+        want_bytes, _, want_vars = like.partition(",")
+        have_bytes, have_vars = env_size(out)
+        if want_bytes.isdigit() and want_vars.isdigit():
+            more_bytes, more_vars = int(want_bytes) - have_bytes, int(want_vars) - have_vars
     steno = [k for k in out if k.startswith("STENO_")]
-    pads = STENO_ENV_VARS - len(steno)
+    pads = STENO_ENV_VARS + more_vars - len(steno)
     used = sum(len(k) + len(out[k]) + 2 for k in steno)
     names = ["STENO_PAD"] + [f"STENO_PAD{i}" for i in range(1, max(pads, 1))]
-    room = STENO_ENV_BYTES - used - sum(len(n) + 2 for n in names)
+    room = STENO_ENV_BYTES + more_bytes - used - sum(len(n) + 2 for n in names)
+    if (pads < 1 or room < 0) and like:  # cannot match it: the default size
+        return pad_steno_env({k: v for k, v in out.items()})
     if pads < 1 or room < 0:
         raise BadInput("the shim's variables are too many or too long (a tape or store "
                        "path too long?)")

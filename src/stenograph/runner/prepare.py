@@ -34,6 +34,7 @@ from stenograph.runner.buildcode import CodeMap
 from stenograph.runner.env import replay_env
 from stenograph.runner.lines import protocol_line
 from stenograph.runner.seal import Seal, born_since, gone_from, seal_roots
+from stenograph.runner.settings import STACK_LIKE
 from stenograph.runner.shim import EXACT, PROTOCOL, readable
 from stenograph.runner.workspace import SecretServed, WorkspaceMount
 from stenograph.runner.workspace import prepare as prepare_workspace
@@ -73,6 +74,9 @@ def environ(started: Mapping[str, Any], where: str,
         raise CorruptLog("RunStarted has no environment map", where, 0)
     env = replay_env({str(k): str(v) for k, v in rec_env.items()}, dict(os.environ))
     env.update(overrides or {})
+    stack = started.get("stack")
+    if isinstance(stack, dict) and {"env_bytes", "env_vars"} <= set(stack):
+        env[STACK_LIKE] = f"{int(stack['env_bytes'])},{int(stack['env_vars'])}"
     return env
 
 

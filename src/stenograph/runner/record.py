@@ -29,7 +29,7 @@ from stenograph.recorder.snapshots import Cadence, Snapshotter
 from stenograph.recorder.store import Store
 from stenograph.recorder.trajfile import export_trajectory
 from stenograph.runner.env import recorded_argv, recorded_env
-from stenograph.runner.launch import RunResult, check_dynamic, resolve_program
+from stenograph.runner.launch import RunResult, check_dynamic, env_size, resolve_program
 from stenograph.runner.seal import (
     created_names,
     listing,
@@ -38,7 +38,7 @@ from stenograph.runner.seal import (
     start_tree,
 )
 from stenograph.runner.session import Held, LiveSession, socket_dir, sweep_dead_sockets
-from stenograph.runner.settings import base_env
+from stenograph.runner.settings import Settings, base_env
 from stenograph.runner.shim import shim_version
 from stenograph.runner.worker import Worker
 from stenograph.runner.workspace import WorkspacePlan
@@ -182,6 +182,8 @@ def _record_leased(req: RecordRequest, tmp: Path, ran: dict[str, Any],
             "workspace": ws.to_body() if ws else None,
             "tmp_names": _tmp_names(env, store.blobs),  # what a resume leaves in /tmp
             "tmp_tree": _tmp_tree(env, store.blobs),  # what a replay gives back in /tmp
+            "stack": dict(zip(("env_bytes", "env_vars"),
+                              env_size(Settings("record").environ(env)), strict=True)),
         })
         # the recording is the trajectory's first lease: epoch 0, this recorder
         store.append(traj, "LeaseAcquired", {"epoch": worker.epoch, "pid": os.getpid(),

@@ -32,6 +32,11 @@ def base_env() -> dict[str, str]:
             and k != "LD_PRELOAD"}
 
 
+
+STACK_LIKE = "STENO_STACK"
+"""``bytes,vars``: the size of the recorded run's environment apart from ``STENO_*``
+(``RunStarted.stack``), which a run from a recording matches (``launch.pad_steno_env``)."""
+
 @dataclass
 class Settings:
     """A run's ``STENO_*`` settings (``None``/``False``: not set)."""
