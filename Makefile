@@ -73,6 +73,7 @@ bench: $(STAMP) $(USTAMP)
 	$(UVENV)/bin/pip install -q 'openai>=3,<4' && $(BIN)/python bench/seal.py
 	$(BIN)/pip install -q 'dbos>=3.4,<4' && $(BIN)/python bench/effects.py
 	$(BIN)/python bench/resume.py
+	$(BIN)/python bench/settle.py
 	$(BIN)/python bench/build_replay.py
 	$(BIN)/python bench/bisect_run.py
 	$(BIN)/python bench/view.py

@@ -158,8 +158,11 @@ for i in range(40):
 
 
 def test_killing_the_whole_tree_loses_no_intent_of_a_sent_effect(tmp_path: Path) -> None:
-    """SIGKILL to the recorder and the program together, at random moments: every
-    request the service received has its intent in the store, durable."""
+    """SIGKILL to the recorder and the program together, at random moments among its
+    effects (once the service has seen a random number of them, then a random few
+    milliseconds on: the kill waits for events, not for time, so a loaded machine moves
+    it nowhere): every request the service received has its intent in the store,
+    durable."""
     import random
     import signal
     import time
@@ -178,7 +181,10 @@ def test_killing_the_whole_tree_loses_no_intent_of_a_sent_effect(tmp_path: Path)
                                   sys.executable, str(prog), svc.url], env=_env(),
                                  start_new_session=True, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(0.4, 1.6))
+            after, deadline = rng.randint(1, 60), time.monotonic() + 120
+            while len(keys) < after and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0, 0.03))
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             received = list(keys)

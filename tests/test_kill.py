@@ -45,7 +45,7 @@ for i in range(150):
 q.put(None)
 t.join()
 """
-TRIALS = int(os.environ.get("STENO_KILL_TRIALS", "12"))
+TRIALS = int(os.environ.get("STENO_KILL_TRIALS", "8"))
 pytestmark = pytest.mark.alone  # see pyproject.toml
 
 

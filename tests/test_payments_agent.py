@@ -46,7 +46,7 @@ from stenograph.testing.model_server import ModelServer
 CLI = [sys.executable, "-m", "stenograph"]
 AGENT = Path(__file__).parent / "programs" / "payments_agent.py"
 APPROVE_ABOVE = 550
-TRIALS = int(os.environ.get("STENO_PAY_TRIALS", "3"))
+TRIALS = int(os.environ.get("STENO_PAY_TRIALS", "2"))
 pytestmark = pytest.mark.alone  # see pyproject.toml
 ALL_BOUNDARIES = os.environ.get("STENO_PAY_BOUNDARIES") == "all"
 """``make soak``: every boundary of every effect; ``make test``: one of each kind of

@@ -26,7 +26,7 @@ from pg_cluster import postgres
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = os.path.realpath(sys.executable)
-TRIALS = int(os.environ.get("STENO_PSQL_CRASH_TRIALS", "3"))
+TRIALS = int(os.environ.get("STENO_PSQL_CRASH_TRIALS", "2"))
 """Crash-anywhere trials (``make soak``: 30)."""
 
 pytestmark = [pytest.mark.skipif(not shutil.which("psql"), reason="psql is not installed"),

@@ -185,7 +185,7 @@ def plan_trials(way: str, n: int, seed: int, took: float) -> list[Trial]:
         crashes = rnd.choice([1, 1, 2, 3])
         kills: list[tuple[Any, ...] | None] = [_kill(rnd, way, took, j == 0)
                                               for j in range(crashes)]
-        out.append(Trial(way, kills, SETTLE[i % len(SETTLE)]))
+        out.append(Trial(way, kills, SETTLE[(i + WAYS.index(way)) % len(SETTLE)]))
     return out
 
 
