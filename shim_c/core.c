@@ -460,16 +460,20 @@ static int killed_signal(void) {
  * baton waits (the holder still has its part to replay: what it printed before the kill),
  * and the process dies with the recorded signal when the holder reaches its end, or when
  * every taped thread has (10 s at most: a thread the shim does not see may never come). */
+/* Every taped thread replays to the end of its own tape before the process dies: the
+ * one holding the scheduler's baton (running when the kill landed) lets it go and waits
+ * too. A thread's output is not taped, and a thread without the baton may still have
+ * to print what it printed before the kill (between its last taped call and the kill):
+ * dying at once lost it whenever that thread was slower than the holder (a loaded
+ * machine: the replay's output short of the recorded prefix, one in about thirty). */
 static void die_as_recorded(int sig) {
-    if (!T.holding) {
-        __atomic_add_fetch(&g_parked, 1, __ATOMIC_SEQ_CST);
-        sched_release(&T);
-        for (int i = 0; i < 10000; i++) {
-            if (__atomic_load_n(&g_parked, __ATOMIC_SEQ_CST) >=
-                __atomic_load_n(&g_live_threads, __ATOMIC_SEQ_CST)) break;
-            struct timespec ts = {0, 1000 * 1000};
-            RS2(SYS_nanosleep, &ts, NULL);
-        }
+    __atomic_add_fetch(&g_parked, 1, __ATOMIC_SEQ_CST);
+    sched_release(&T);
+    for (int i = 0; i < 10000; i++) {
+        if (__atomic_load_n(&g_parked, __ATOMIC_SEQ_CST) >=
+            __atomic_load_n(&g_live_threads, __ATOMIC_SEQ_CST)) break;
+        struct timespec ts = {0, 1000 * 1000};
+        RS2(SYS_nanosleep, &ts, NULL);
     }
     struct { void *h; unsigned long flags; void *restorer; uint64_t mask; } dfl = {0};
     RS4(SYS_rt_sigaction, sig, &dfl, NULL, 8); /* the recorded death, not a handler */

@@ -47,7 +47,6 @@ CLI = [sys.executable, "-m", "stenograph"]
 AGENT = Path(__file__).parent / "programs" / "payments_agent.py"
 APPROVE_ABOVE = 550
 TRIALS = int(os.environ.get("STENO_PAY_TRIALS", "2"))
-pytestmark = pytest.mark.alone  # see pyproject.toml
 ALL_BOUNDARIES = os.environ.get("STENO_PAY_BOUNDARIES") == "all"
 """``make soak``: every boundary of every effect; ``make test``: one of each kind of
 effect (a plain payment, the declared tool, the program's own key, the approved one)."""

@@ -29,8 +29,7 @@ PY = os.path.realpath(sys.executable)
 TRIALS = int(os.environ.get("STENO_PSQL_CRASH_TRIALS", "2"))
 """Crash-anywhere trials (``make soak``: 30)."""
 
-pytestmark = [pytest.mark.skipif(not shutil.which("psql"), reason="psql is not installed"),
-              pytest.mark.alone]
+pytestmark = [pytest.mark.skipif(not shutil.which("psql"), reason="psql is not installed")]
 
 AGENT = """
 import subprocess, sys

@@ -14,7 +14,6 @@ from ways_out import WAYS, plan_trials, run_trial, whole_run_time
 
 TRIALS = int(os.environ.get("STENO_WAYS_TRIALS", "1"))
 CHOSEN = [w for w in os.environ.get("STENO_WAYS", ",".join(WAYS)).split(",") if w]
-pytestmark = pytest.mark.alone  # kills process groups at random moments
 
 
 def _needs(way: str) -> None:
