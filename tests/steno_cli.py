@@ -31,3 +31,10 @@ def replay_json(steno: Path, cwd: Path, *flags: str,
                        capture_output=True, timeout=timeout)
     assert p.stdout, p.stderr.decode(errors="replace")
     return p.returncode, json.loads(p.stdout.decode().splitlines()[-1])
+
+
+def why(stderr: str, room: int = 3000) -> str:
+    """A failed replay's report for an assertion message: its lines without the native
+    and Python stack (``where:``), which would push the divergence itself out of view."""
+    return "\n".join(ln for ln in stderr.splitlines()
+                     if not ln.lstrip().startswith("where:"))[-room:]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from pip_target import installed, npm_installed
+from steno_cli import why
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = sys.executable  # the venv: the client and server import mcp
@@ -79,7 +80,7 @@ def test_an_mcp_server_over_stdio_replays_bit_for_bit(tmp_path: Path, sdk: str) 
         for _ in range(REPLAYS):
             rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
                                  capture_output=True, text=True, timeout=180)
-            assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr[-3000:]
+            assert rep.returncode == 0 and "bit-identical" in rep.stderr, why(rep.stderr)
             assert rep.stdout == rec.stdout
 
 
@@ -184,7 +185,7 @@ def test_a_server_outside_the_tree_over_streamable_http_is_never_reached_by_a_re
         for _ in range(REPLAYS):
             rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
                                  capture_output=True, text=True, timeout=180)
-            assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr[-3000:]
+            assert rep.returncode == 0 and "bit-identical" in rep.stderr, why(rep.stderr)
             assert rep.stdout == out
 
 
@@ -213,7 +214,7 @@ def test_a_server_the_agent_starts_over_streamable_http_replays_at_both_ends(
         for _ in range(REPLAYS):
             rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=env,
                                  capture_output=True, text=True, timeout=180)
-            assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr[-3000:]
+            assert rep.returncode == 0 and "bit-identical" in rep.stderr, why(rep.stderr)
             assert rep.stdout == rec.stdout
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from pay_tools import PAY
+from steno_cli import why
 
 from stenograph.testing.effect_service import EffectService
 from stenograph.testing.tapes import tape_connects
@@ -172,7 +173,7 @@ def test_hooked_http_to_a_server_the_program_starts_is_left_to_the_socket_level(
     for _ in range(2):
         rep = subprocess.run([*CLI, "replay", str(steno)], cwd=tmp_path, env=_env(),
                              capture_output=True, text=True, timeout=120)
-        assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr[-3000:]
+        assert rep.returncode == 0 and "bit-identical" in rep.stderr, why(rep.stderr)
 
 
 CURL_AGENT = """

@@ -32,7 +32,7 @@ LAZY = {
     "record": "record", "replay": "replay", "bisect": "bisect", "checkpoint": "checkpoint",
     "resume": "resume", "regress": "regress", "status": "status", "settle": "status",
     "approve": "status", "deny": "status", "deliver": "status", "show": "show",
-    "view": "view", "diff": "diff", "fork": "fork",
+    "view": "view", "diff": "diff", "fork": "fork", "serve": "serve",
 }
 """Commands that live in their own modules: ``stenograph.cli.<module>.<command>``."""
 
@@ -69,7 +69,12 @@ def main() -> None:
     \b
     --json prints one JSON document on stdout; --jsonl (where a command
     lists many things) one JSON object per line.
+    \b
+    What stenograph writes is its owner's alone (a store 0700, files 0600).
     """
+    from stenograph.recorder.hostconfig import keep_private
+
+    keep_private()
 
 
 @main.group(context_settings=CONTEXT)
@@ -295,6 +300,10 @@ def log_import(file: Path, store: Path, as_traj: str | None) -> None:
     name = as_traj or tf.traj
     if is_store(store) and name in StoreReader(store).summary():  # read-only: no LOCK
         raise BadInput(f"the store already has a trajectory {name!r}", str(store))
+    from stenograph.runner.hostrecorder import alone
+
+    if is_store(store):
+        alone(store, "log import")
     try:
         with Store(store) as st:
             name = import_trajectory(st, file, traj=as_traj)
@@ -317,7 +326,7 @@ def log_append(store: Path, traj: str, kind: str, body: str, no_sync: bool) -> N
     """Append one event to STORE (created if missing) and print its LSN."""
     from stenograph.recorder.codec import pack_body
     from stenograph.recorder.kinds import check_kind
-    from stenograph.recorder.store import Store, check_traj
+    from stenograph.recorder.store import check_traj
 
     try:
         parsed = json.loads(body)
@@ -330,8 +339,10 @@ def log_append(store: Path, traj: str, kind: str, body: str, no_sync: bool) -> N
     check_kind(kind)
     check_traj(traj)
     pack_body(parsed)  # what the store would refuse, refused before it is opened
+    from stenograph.runner.hostrecorder import open_writer
+
     try:
-        with Store(store) as st:
+        with open_writer(store) as st:
             lsn = st.append(traj, kind, parsed, durable=not no_sync)
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
@@ -455,7 +466,10 @@ def gc_cmd(store: Path, dry_run: bool, as_json: bool) -> None:
     (a full manifest after 16 deltas).
     """
     from stenograph.recorder.gc import collect
+    from stenograph.runner.hostrecorder import alone
 
+    if is_store(store):
+        alone(store, "gc")
     r = collect(store, dry_run=dry_run)
     if as_json:
         click.echo(json.dumps(r.to_json()))

@@ -93,7 +93,7 @@ def settle(store: Path, traj: str, call: str, as_: str, result_file: Path | None
     --as done            the call is not made and nothing answers it: the program sees
                          it fail as a lost connection (a model may then try again)"""
     from stenograph.recorder.inputs import input_file
-    from stenograph.recorder.store import Store
+    from stenograph.runner.hostrecorder import open_writer
 
     traj_id(traj)
     if as_ == "not-done" and (result_file or output_file):
@@ -130,7 +130,7 @@ def settle(store: Path, traj: str, call: str, as_: str, result_file: Path | None
     body: dict[str, Any] = {"call_id": call, "as": as_, "result": result, "by": by}
     if output is not None:
         body.update(output=_kept(store, output), exit=exit_status or 0)
-    with Store(store) as s:
+    with open_writer(store) as s:
         s.append(traj, "Settled", body)
     told = ("the program gets that answer" if result is not None else
             f"the command is not run again: its stdout is {output_file}, its status "
@@ -186,7 +186,7 @@ def deliver(store: Path, traj: str, call: str, result_file: Path, by: str | None
     asynchronous tool: a job finished, a webhook fired). It goes into the log as a
     `ToolResult`; the next `resume` hands it to the program instead of calling again."""
     from stenograph.recorder.inputs import input_file
-    from stenograph.recorder.store import Store
+    from stenograph.runner.hostrecorder import open_writer
 
     traj_id(traj)
     input_file(str(result_file))
@@ -203,7 +203,7 @@ def deliver(store: Path, traj: str, call: str, result_file: Path, by: str | None
         raise BadInput(f"no effect {call!r} in {traj} (see `stenograph status`)", str(store))
     if eff.state != "in-doubt":
         raise BadInput(f"{call} already has its result", str(store))
-    with Store(store) as s:
+    with open_writer(store) as s:
         s.append(traj, "ToolResult", {"call_id": call, "result": result, "by": by,
                                       "at": time.time(), "as": "done"})
     click.echo(f"stenograph: {traj} {call}: result delivered; `stenograph resume {store} "
@@ -212,7 +212,7 @@ def deliver(store: Path, traj: str, call: str, result_file: Path, by: str | None
 
 def _decide(store: Path, traj: str, call: str, decision: str, by: str,
             note: str | None) -> None:
-    from stenograph.recorder.store import Store
+    from stenograph.runner.hostrecorder import open_writer
 
     traj_id(traj)
     (st,) = states(store, traj)
@@ -222,7 +222,7 @@ def _decide(store: Path, traj: str, call: str, decision: str, by: str,
                        "status`)", str(store))
     if a.state != "pending" or a.used:
         raise BadInput(f"{call} is already {a.state}", str(store))
-    with Store(store) as s:
+    with open_writer(store) as s:
         s.append(traj, "ApprovalResolved", {"call_id": call, "decision": decision, "by": by,
                                             "note": note, "at": time.time()})
     click.echo(f"stenograph: {traj} {call} ({a.call}) {decision} by {by}; `stenograph "

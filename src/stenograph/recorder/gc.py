@@ -48,6 +48,7 @@ from stenograph.recorder.errors import (
     StoreLocked,
     WriteFailed,
 )
+from stenograph.recorder.hostwire import host_serves
 from stenograph.recorder.leases import LocalLeases
 from stenograph.recorder.reader import StoreReader, TornTail, check_store
 from stenograph.recorder.snapshots import unpack_manifest
@@ -124,6 +125,9 @@ def _lock(path: Path, dry_run: bool) -> int | None:
     no ``LOCK`` yet, and a dry run does not make one."""
     if dry_run and not (path / "LOCK").exists():
         return None
+    if host_serves(path):
+        raise StoreLocked("a host recorder serves this store (stenograph serve): gc runs "
+                          "once no recording uses it", str(path))
     fd = take_lock(path, record_pid=not dry_run,
                    refusal="store is locked by a writer (pid {pid}); gc does not run "
                    "beside a live recording: run it once the writer has ended")

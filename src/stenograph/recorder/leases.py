@@ -9,10 +9,10 @@ next renewal, or at its next write to the store (``Store`` in shared mode refuse
 writer that is no longer the last one: ``StoreFenced``), and a service that checks
 fencing tokens (``stenograph.fencing.Gate``) refuses anything it still sends.
 
-The interface is small on purpose (``acquire``, ``renew``, ``release``, ``current``),
-so a fleet can put it on PostgreSQL (a row per store, ``UPDATE ... WHERE token = $1``)
-in place of this file: ``STORE/LEASE``, changed under an ``flock`` of
-``STORE/LEASE.lock``, written to a temporary name and renamed.
+Leases are per trajectory: any number of trajectories of a store run at once. The
+interface is small on purpose (``acquire``, ``renew``, ``release``, ``current``), so a
+fleet can put it on PostgreSQL (a row per trajectory, ``UPDATE ... WHERE token = $1``)
+in place of these files: ``STORE/leases/<traj>.json``.
 """
 
 from __future__ import annotations
@@ -49,45 +49,77 @@ class Lease:
 
 
 class LocalLeases:
-    """The store's lease in ``STORE/LEASE``."""
+    """The leases of a store's trajectories: ``STORE/leases/<traj>.json`` each, changed
+    under an ``flock`` of ``STORE/leases/.lock``, written to a temporary name and renamed.
+    Any number of trajectories of one store may be live at once, each held by its own
+    worker (a store made by an older build may hold one lease, ``STORE/LEASE``: it is read
+    as the lease of its trajectory)."""
 
     def __init__(self, store: str | Path) -> None:
         self.store = Path(store)
-        self.path = self.store / "LEASE"
+        self.dir = self.store / "leases"
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open(self.store / "LEASE.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)
 
-    def current(self) -> Lease | None:
-        """The lease as written (live or not); None if there never was one."""
+    def _path(self, traj: str) -> Path:
+        return self.dir / f"{traj}.json"
+
+    @staticmethod
+    def _read(path: Path) -> Lease | None:
         try:
-            doc = json.loads(self.path.read_text())
+            doc = json.loads(path.read_text())
             return Lease(**{k: doc[k] for k in Lease.__dataclass_fields__})
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def current(self, traj: str) -> Lease | None:
+        """``traj``'s lease as written (live or not); None if there never was one."""
+        lease = self._read(self._path(traj))
+        if lease is None:
+            legacy = self._read(self.store / "LEASE")
+            if legacy is not None and legacy.traj == traj:
+                return legacy
+        return lease
+
+    def all(self) -> list[Lease]:
+        """Every trajectory's lease as written."""
+        out = []
+        with contextlib.suppress(OSError):
+            for p in sorted(self.dir.glob("*.json")):
+                lease = self._read(p)
+                if lease is not None:
+                    out.append(lease)
+        legacy = self._read(self.store / "LEASE")
+        if legacy is not None and not any(x.traj == legacy.traj for x in out):
+            out.append(legacy)
+        return out
+
     def _write(self, lease: Lease) -> None:
-        tmp = self.path.with_name(f"LEASE.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(lease)))
-        os.replace(tmp, self.path)
+        tmp = self.dir / f".{lease.traj}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(asdict(lease)))
+        os.replace(tmp, self._path(lease.traj))
 
     def acquire(self, traj: str, epoch: int, ttl: float = DEFAULT_TTL) -> Lease:
-        """Take the store for ``traj`` at ``epoch`` (at least one above the lease's own
-        for that trajectory). ``StoreLocked`` while another worker's lease is live."""
+        """Take ``traj`` at ``epoch`` (at least one above its lease's own).
+        ``StoreLocked`` while another worker's lease on it is live."""
         with self._locked():
-            cur = self.current()
+            cur = self.current(traj)
             if cur is not None and cur.live() and not _gone(cur):
                 left = cur.expires_at - time.time()
                 raise StoreLocked(f"{cur.traj} is held by pid {cur.pid} on {cur.host} at "
                                   f"epoch {cur.epoch} (its lease runs {left:.0f}s more)",
                                   str(self.store))
-            if cur is not None and cur.traj == traj:
+            if cur is not None:
                 epoch = max(epoch, cur.epoch + 1)
             lease = Lease(traj, epoch, os.getpid(), os.uname().nodename,
                           secrets.token_hex(8), time.time() + ttl)
@@ -97,7 +129,7 @@ class LocalLeases:
     def renew(self, lease: Lease, ttl: float = DEFAULT_TTL) -> Lease | None:
         """The lease pushed ``ttl`` on, or None if it is no longer this worker's."""
         with self._locked():
-            cur = self.current()
+            cur = self.current(lease.traj)
             if cur is None or cur.token != lease.token:
                 return None
             new = Lease(**{**asdict(cur), "expires_at": time.time() + ttl})
@@ -106,16 +138,21 @@ class LocalLeases:
 
     def release(self, lease: Lease) -> None:
         with self._locked():
-            cur = self.current()
+            cur = self.current(lease.traj)
             if cur is not None and cur.token == lease.token:
                 self._write(Lease(**{**asdict(cur), "expires_at": 0.0}))
 
-    def held_by_other(self) -> Lease | None:
-        """A live lease of another process (writers that hold none must not write)."""
-        cur = self.current()
-        if cur is None or not cur.live() or cur.pid == os.getpid() or _gone(cur):
-            return None
-        return cur
+    def holds(self, lease: Lease) -> bool:
+        """Is ``lease`` still its trajectory's (another worker has not taken it over)?"""
+        cur = self.current(lease.traj)
+        return cur is not None and cur.token == lease.token
+
+    def held_by_other(self, traj: str | None = None) -> Lease | None:
+        """A live lease of another process, on ``traj`` (or on any trajectory)."""
+        for cur in [self.current(traj)] if traj is not None else self.all():
+            if cur is not None and cur.live() and cur.pid != os.getpid() and not _gone(cur):
+                return cur
+        return None
 
 
 def _gone(lease: Lease) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 from stenograph.recorder.codec import Event
 from stenograph.recorder.effects import TrajectoryState, call_id, fold
 from stenograph.recorder.errors import BadInput
+from stenograph.recorder.hostwire import host_serves
 from stenograph.recorder.leases import LocalLeases
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.store import writer_holds
@@ -253,12 +254,13 @@ def states(store: Path, traj: str | None = None) -> list[TrajectoryState]:
     if not (store / "wal").is_dir():
         raise BadInput("not a store (no wal/ directory)", str(store))
     reader = StoreReader(store)
-    alive = writer_holds(store)  # an exclusive writer: any trajectory may be moving
-    lease = LocalLeases(store).held_by_other()  # a worker's lease: its trajectory is
+    # an exclusive writer (not the host recorder): any trajectory may be moving
+    alive = writer_holds(store) and not host_serves(store)
+    leases = LocalLeases(store)  # a worker's lease: its trajectory is
     by_traj: dict[str, list] = {}
     for ev in reader.events(traj=traj):
         by_traj.setdefault(ev.traj, []).append(ev)
     if traj is not None and traj not in by_traj:
         raise BadInput(f"no trajectory {traj!r} in the store", str(store))
-    return [fold(t, view(evs), writer_alive=alive or (lease is not None and lease.traj == t))
+    return [fold(t, view(evs), writer_alive=alive or leases.held_by_other(t) is not None)
             for t, evs in sorted(by_traj.items())]

@@ -19,6 +19,7 @@ import mmap
 import os
 import re
 import struct
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -145,15 +146,21 @@ class FrameScanner:
             if length == 0 and crc == 0:
                 if _all_zero(buf, off, limit):
                     self.tail = Tail(off)
+                elif self._being_written(off):
+                    continue
                 else:
                     self._damage(off, "zeroed frame header before more data")
                 return
             body_at = off + 8
             if length > MAX_FRAME or body_at + length > limit:
+                if self._being_written(off):
+                    continue
                 self._damage(off, "frame length runs past the end of the file")
                 return
             payload = buf[body_at : body_at + length]
             if zlib.crc32(payload) != crc:
+                if self._being_written(off):
+                    continue
                 self._damage(off, "checksum mismatch")
                 return
             try:
@@ -175,6 +182,24 @@ class FrameScanner:
             if off - released > RELEASE_EVERY:
                 released = _release(buf, released, off)
 
+    def _being_written(self, off: int) -> bool:
+        """The live tail of a store another process writes (a host recorder serving other
+        recordings while this one reads): a batch may be half copied into the file as it
+        is looked at -- a zeroed header with the writer's later pages already there. Wait
+        (``LIVE_WAIT`` at most) for the frame at ``off`` to be whole: True if it became so,
+        and is read again; damage that stays is damage."""
+        if not self.torn_ok or not isinstance(self.buf, mmap.mmap):
+            return False
+        deadline = time.monotonic() + LIVE_WAIT
+        while time.monotonic() < deadline:
+            time.sleep(0.001)
+            length, crc = FRAME_HEADER.unpack_from(self.buf, off)
+            end = off + 8 + length
+            if (length or crc) and length <= MAX_FRAME and end <= len(self.buf) and \
+                    zlib.crc32(self.buf[off + 8:end]) == crc:
+                return True
+        return False
+
     def _damage(self, off: int, reason: str) -> None:
         if not self.torn_ok:
             raise CorruptLog(reason, self.name, off)
@@ -182,6 +207,9 @@ class FrameScanner:
             raise CorruptLog(f"{reason}; later batches were acknowledged", self.name, off)
         self.tail = Tail(off, _last_nonzero(self.buf, off, len(self.buf)) - off, reason)
 
+
+LIVE_WAIT = 0.5
+"""Seconds a reader of a live store waits for a half-written frame to be whole."""
 
 LAZY_OVER = 4096
 """With ``lazy_tape``, a ``TapeChunk`` frame larger than this is read again when used."""

@@ -21,11 +21,13 @@ such a store as corrupt at its first salted batch marker.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
 import secrets
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -85,31 +87,61 @@ def check_traj(traj: str) -> str:
     return traj
 
 
-def init_store(path: Path) -> None:
+def init_store(path: Path) -> bool:
     """Create an empty store at ``path`` (which may exist as an empty directory).
 
-    One that cannot be made (a full disk) leaves nothing behind: ``path`` is removed,
-    or emptied again if it was an empty directory, so the next try starts clean.
+    Made whole under another name beside it and renamed into place, so any number of
+    processes may make the same store at once (eight first ``record``s into a new
+    directory): one rename wins, the others find a store there and use it. The store is
+    its owner's alone (``hostconfig``: 0700). One that cannot be made (a full disk) leaves
+    nothing behind. True if this call made it.
     """
+    if is_store(path):
+        return False
     existed = path.exists()
     if existed:
         if not path.is_dir():
             raise NotAStore("exists and is not a directory", str(path))
         if any(path.iterdir()) and not is_store(path) and not _unfinished(path):
             raise NotAStore("directory is not empty and not a stenograph store", str(path))
-    fresh = not existed or not any(path.iterdir()) or _unfinished(path)
+        if _unfinished(path):  # an older build's making, cut short: finish it in place
+            _init_in_place(path)
+            return True
+    parent = path.parent
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.new-", dir=parent))
+    except OSError as exc:
+        raise _named(exc, path) from None
+    try:
         for sub in ("wal", "blobs", "checkpoints"):
-            (path / sub).mkdir(exist_ok=True)
+            (tmp / sub).mkdir(mode=0o700)
+        _write_metadata(tmp, os.urandom(SALT_SIZE))
+        fsync_dir(tmp)
+        try:
+            os.rename(tmp, path)  # onto nothing, or onto an empty directory: atomic
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not is_store(path):
+                raise
+            return False  # another process made it first
+        os.chmod(path, 0o700)
+        fsync_dir(parent)
+        return True
+    except OSError as exc:
+        raise _named(exc, path) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _init_in_place(path: Path) -> None:
+    try:
+        for sub in ("wal", "blobs", "checkpoints"):
+            (path / sub).mkdir(mode=0o700, exist_ok=True)
         if not (path / STORE_MARKER).exists():
             _write_metadata(path, os.urandom(SALT_SIZE))
         fsync_dir(path)
-        if path.parent != path:
-            fsync_dir(path.parent)
     except OSError as exc:
-        if fresh:
-            _unmake(path, existed)
+        _unmake(path, True)
         raise _named(exc, path) from None
 
 
@@ -190,7 +222,8 @@ class Store:
     since, and this one is fenced (``StoreFenced``): it writes nothing more."""
 
     def __init__(self, path: str | Path, *, create: bool = True,
-                 settings: StoreSettings | None = None, shared: bool = False) -> None:
+                 settings: StoreSettings | None = None, shared: bool = False,
+                 host: bool = False) -> None:
         self.path = Path(path)
         self.settings = settings or StoreSettings()
         self._shared = shared
@@ -199,8 +232,7 @@ class Store:
             if not create:
                 raise NotAStore("not a stenograph store", str(self.path))
             existed = self.path.exists()
-            init_store(self.path)
-            made = True
+            made = init_store(self.path)
         try:
             self._lock_fd = take_lock(self.path)
         except OSError as exc:
@@ -208,7 +240,7 @@ class Store:
                 _unmake(self.path, existed)
             raise _named(exc, self.path) from None
         try:
-            if not shared:
+            if not shared and not host:  # (the host recorder writes for the workers)
                 from stenograph.recorder.leases import LocalLeases
 
                 other = LocalLeases(self.path).held_by_other()
@@ -281,6 +313,11 @@ class Store:
         except StorePoisoned as exc:
             raise (err := _refused(exc, self.path)) from err.__cause__
         return lsn
+
+    def queue(self, traj: str, kind: str, body: dict[str, Any]) -> None:
+        """Append, durable with the next sync; nothing waited for (``RemoteStore`` sends it
+        without waiting for its LSN)."""
+        self.append(traj, kind, body, durable=False)
 
     async def append_async(self, traj: str, kind: str, body: dict[str, Any]) -> int:
         """Durable append for asyncio code: awaits the covering sync without blocking."""
@@ -361,6 +398,12 @@ class Store:
     @property
     def synced_lsn(self) -> int:
         return self._gc.synced_lsn
+
+    @property
+    def last_lsn(self) -> int:
+        """The LSN of the last event appended (durable or not yet)."""
+        with self._gc.lock:
+            return self._gc.next_lsn - 1
 
     def trajectories(self) -> dict[str, int]:
         """Trajectory id -> number of events (including queued ones)."""

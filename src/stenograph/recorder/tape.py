@@ -658,8 +658,7 @@ class RecordSession:
     def _append(self, proc: str, chunks: list[Drained]) -> None:
         for c in chunks:
             data = c.data if self.redact is None else masked_sends(c.data, self.redact.mask)
-            self.store.append(self.traj, "TapeChunk", chunks_mod.encode(proc, c.thread, data),
-                              durable=False)
+            self.store.queue(self.traj, "TapeChunk", chunks_mod.encode(proc, c.thread, data))
         with self._lock:
             self.stats.chunks += len(chunks)
             self.stats.bytes += sum(len(c.data) for c in chunks)

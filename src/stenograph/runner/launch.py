@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from stenograph.recorder.errors import BadInput
+from stenograph.recorder.hostconfig import user_umask
 from stenograph.runner import pathmap
 from stenograph.runner.seal import (
     HeldSeal,
@@ -379,7 +380,7 @@ def run_under_shim(
                        else seal_preexec(seal, seal_roots(env), why_w) if seal is not None
                        else None)
             proc = subprocess.Popen(
-                args, executable=exe, env=pad_steno_env(env),
+                args, executable=exe, env=pad_steno_env(env), umask=user_umask(),
                 cwd=None if sealed_cwd else cwd,
                 stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
                 preexec_fn=preexec,

@@ -26,9 +26,9 @@ from stenograph.recorder.errors import WRITE_ERRNOS, BadInput, StenographError, 
 from stenograph.recorder.keyshapes import KeyShapes
 from stenograph.recorder.secretfiles import write_values
 from stenograph.recorder.snapshots import Cadence, Snapshotter
-from stenograph.recorder.store import Store
 from stenograph.recorder.trajfile import export_trajectory
 from stenograph.runner.env import recorded_argv, recorded_env
+from stenograph.runner.hostrecorder import open_writer, serve_lost_line
 from stenograph.runner.launch import RunResult, check_dynamic, env_size, resolve_program
 from stenograph.runner.seal import (
     created_names,
@@ -154,7 +154,7 @@ def _record_into(req: RecordRequest, tmp: Path, ran: dict[str, Any]) -> Recorded
     try:
         return _record_leased(req, tmp, ran, worker)
     except StenographError:
-        lost = worker.fenced()  # the store refused this writer: say why, in one line
+        lost = worker.fenced(look=True)  # the store refused this writer: say why, in one line
         if lost is not None:
             raise lost from None
         raise
@@ -168,7 +168,16 @@ def _record_leased(req: RecordRequest, tmp: Path, ran: dict[str, Any],
     keyshapes.install(shapes, tmp)  # beside the exchange socket
     env = base_env()
     ws, traj = req.workspace, req.traj
-    with Store(req.store, shared=True) as store:
+    lost: list[StenographError] = []
+    live: list[LiveSession] = []
+
+    def on_lost(err: StenographError) -> None:  # the host recorder went away: stop
+        lost.append(err)
+        for s in live:
+            s.stop()
+
+    with open_writer(req.store, lease=worker.lease, start=req.keep_store, on_lost=on_lost,
+                     shared=True) as store:
         first = store.append(traj, "RunStarted", {
             "argv": recorded_argv(req.argv, dict(os.environ), shapes),
             "cwd": os.getcwd(),
@@ -197,6 +206,7 @@ def _record_leased(req: RecordRequest, tmp: Path, ran: dict[str, Any],
             write_values(checkpoints.snap.secret_values, tmp)  # for the hooks to learn
         session = LiveSession(store, traj, tmp, checkpoints=checkpoints,
                               authorizer=req.authorizer, worker=worker)
+        live.append(session)
         tmp_before = listing(seal_roots(env))
         try:
             result = session.run(req.argv, session.settings("record", asyncio=req.asyncio),
@@ -205,6 +215,9 @@ def _record_leased(req: RecordRequest, tmp: Path, ran: dict[str, Any],
             ran["result"] = session.result
             session.close()
             ran["loss"] = session.loss
+        if lost:  # (its store is what it was when the host recorder went: resumable)
+            raise worker.fenced(look=True) or type(lost[0])(
+                serve_lost_line(str(req.store), traj, lost[0]), str(req.store)) from None
         stats = session.stats
         assert stats is not None
         rec = Recorded(traj, req.out, req.store, result, stats.chunks, len(stats.procs),

@@ -51,6 +51,7 @@ from stenograph.recorder.snapshots import (
 from stenograph.recorder.store import Store
 from stenograph.recorder.tape import GivenOutput, LiveReply, read_divergences
 from stenograph.runner import prepare
+from stenograph.runner.hostrecorder import open_writer, serve_lost_line
 from stenograph.runner.pathmap import MappedHold, hold
 from stenograph.runner.seal import HeldSeal, seal_roots
 from stenograph.runner.session import LiveSession, socket_dir, sweep_dead_sockets
@@ -204,7 +205,7 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
                     ExchangeServer.spend_into(req.authorizer, ev.body, blobs)
         out = _run(req, rp, worker, events, _drift_plan(rp, req.drift, blobs))
     except StenographError:
-        lost = worker.fenced()
+        lost = worker.fenced(look=True)
         if lost is not None:
             raise lost from None
         raise
@@ -216,7 +217,7 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
 def _settle(store: Path, traj: str, decisions: list[tuple[Any, ...]]) -> None:
     """Append a ``Settled`` (call, as, by[, result, output]) for each decision made
     without a person."""
-    with Store(store, shared=True) as s:
+    with open_writer(store, shared=True) as s:
         for call, as_, by, *given in decisions:
             result, output = [*given, None, None][:2]
             s.append(traj, "Settled", {"call_id": call, "as": as_, "result": result,
@@ -263,8 +264,17 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
                            "in_doubt": [d["call_id"] for d in rp.in_doubt]}
     held: HeldSeal | MappedHold | None = None
     standins = StandIns()
+    lost: list[StenographError] = []
+    live: list[LiveSession] = []
+
+    def on_lost(err: StenographError) -> None:  # the host recorder went away: stop
+        lost.append(err)
+        for one in live:
+            one.stop()
+
     try:
-        with Store(store, shared=True) as s:
+        with open_writer(store, lease=worker.lease, start=True, on_lost=on_lost,
+                         shared=True) as s:
             s.append(traj, "LeaseAcquired", {"epoch": epoch, "pid": os.getpid(),
                                              "host": os.uname().nodename, "by": "resume",
                                              "resumed_at": rp.cut})
@@ -290,6 +300,7 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
                 sw.checkpoints.snap.read_from = held.view
             session = LiveSession(s, traj, sock_dir, checkpoints=checkpoints,
                                   authorizer=req.authorizer, worker=worker)
+            live.append(session)
             # a command the prefix runs again is replayed, or (settled) done or redone
             session.tape.known = {str(e.body.get("call_id")) for e in rp.events
                                   if e.kind == "ToolIntent"}
@@ -303,9 +314,12 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
             finally:
                 held.close()
                 standins.close()
+            if lost:
+                raise worker.fenced(look=True) or type(lost[0])(
+                    serve_lost_line(str(store), traj, lost[0]), str(store)) from None
             if session.tape.stats.answered:
                 out["answered"] = sorted(set(session.tape.stats.answered))
-            if sw is not None and "divergences" not in out and worker.fenced() is None:
+            if sw is not None and "divergences" not in out and worker.fenced(look=True) is None:
                 _write_back(sw, store, traj, epoch, out)
             return out
     finally:

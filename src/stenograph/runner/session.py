@@ -163,7 +163,7 @@ class LiveSession:
             self.result = run_under_shim(argv, settings.environ(env), **launch)
         finally:
             self.close()
-        if self.worker is not None and (lost := self.worker.fenced()) is not None:
+        if self.worker is not None and (lost := self.worker.fenced(look=True)) is not None:
             raise lost
         return self.result
 
@@ -175,6 +175,11 @@ class LiveSession:
         live from there, where the call is made (or refused) as decided."""
         self.tape.cut()
         self.exchanges.request_approval(call_id, target, summary)
+        if self.proc is not None:
+            kill_tree(self.proc.pid)
+
+    def stop(self) -> None:
+        """Stop the program's whole tree now (its recording can go on no more)."""
         if self.proc is not None:
             kill_tree(self.proc.pid)
 

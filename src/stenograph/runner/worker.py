@@ -44,11 +44,15 @@ class Worker:
             with contextlib.suppress(OSError):
                 self.proc.kill()
 
-    def fenced(self) -> StoreFenced | None:
-        """The error to end with if the lease was lost, else None."""
-        if not self.heartbeat.is_lost:
-            return None
+    def fenced(self, *, look: bool = False) -> StoreFenced | None:
+        """The error to end with if the lease was lost, else None (``look``: read the
+        lease now rather than wait for the heartbeat to find out: the host recorder
+        refused a write of this worker's)."""
         who = self.lost_to
+        if not self.heartbeat.is_lost:
+            if not look or self.leases.holds(self.lease):
+                return None
+            who = self.leases.current(self.lease.traj)
         by = f" by pid {who.pid} on {who.host} at epoch {who.epoch}" if who else ""
         return StoreFenced(fenced_line(
             str(self.store), self.lease.traj, f"lost the lease on {self.lease.traj}: taken "
