@@ -17,7 +17,7 @@ import click
 
 from stenograph.cli.options import emit_json, json_stream_options
 from stenograph.recorder.didwhat import described
-from stenograph.recorder.errors import BadInput
+from stenograph.recorder.errors import BadInput, StenographError
 from stenograph.recorder.inputs import traj_id
 from stenograph.recorder.resumes import states
 
@@ -35,18 +35,26 @@ def status(store: Path, traj: str | None, out: str) -> None:
     if traj is not None:
         traj_id(traj)
     found = states(store, traj)
+    live = _live(store)
+
+    def doc(st: Any) -> dict[str, Any]:
+        return {**st.to_json(), **({"live": live[st.traj]} if st.traj in live else {})}
+
     if out == "json" and traj is not None:
         for st in found:
-            click.echo(json.dumps(st.to_json(), sort_keys=True))
+            click.echo(json.dumps(doc(st), sort_keys=True))
         return
     if out != "text":
-        emit_json(out, "trajectories", (st.to_json() for st in found))
+        emit_json(out, "trajectories", (doc(st) for st in found))
         return
     for st in found:
         doubt = sum(e.state == "in-doubt" for e in st.effects)
         holder = f" (pid {st.holder})" if st.holder is not None else ""
+        now = live.get(st.traj)
+        recording = (f"  recording: pid {now['pid']}, lag {now['lag']} event(s)"
+                     if now else "")
         click.echo(f"{st.traj}  {st.state}  turns {st.turns}  epoch {st.epoch}{holder}  "
-                   f"effects {len(st.effects)} ({doubt} in doubt)")
+                   f"effects {len(st.effects)} ({doubt} in doubt){recording}")
         for e in st.effects:
             click.echo(f"    {e.call_id:<16} {e.state:<9} {e.target}"
                        + (f"  key {e.idempotency_key}" if e.idempotency_key else "")
@@ -57,6 +65,22 @@ def status(store: Path, traj: str | None, out: str) -> None:
         for a in st.approvals:
             click.echo(f"    {a.call_id:<16} approval {a.state}{' (used)' if a.used else ''}"
                        f"  {a.call}" + (f"  by {a.by}" if a.by else ""))
+
+
+def _live(store: Path) -> dict[str, dict[str, Any]]:
+    """The trajectories the store's host recorder is taking now, by id: the recording's
+    pid, its epoch, how many events it sent, and its lag (events sent, not yet durable)."""
+    from stenograph.recorder.hostclient import RemoteStore, serving
+
+    if not serving(store):
+        return {}
+    try:
+        with RemoteStore(store) as rs:
+            return {str(s["traj"]): {k: s[k] for k in ("pid", "epoch", "appended", "lag",
+                                                        "since")}
+                    for s in rs.sessions()}
+    except (OSError, StenographError):
+        return {}
 
 
 def brief_command(line: str, width: int = 100) -> str:

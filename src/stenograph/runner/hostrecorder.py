@@ -89,8 +89,8 @@ def _start(store: Path) -> bool:
 
 def serve_lost_line(store: str, traj: str, err: StenographError) -> str:
     """The one line a recording stopped by the loss of its host recorder ends with."""
-    return (f"{err.args[0] if err.args else err}; `stenograph resume {store} {traj}` goes on "
-            "from its last durable event")
+    what = str(err.args[0] if err.args else err)
+    return f"{what}; `stenograph resume {store} {traj}` goes on from its last durable event"
 
 
 def alone(store: Path, what: str) -> None:

@@ -23,6 +23,7 @@ from stenograph.recorder import keyshapes
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.checkpoints import Checkpointer
 from stenograph.recorder.errors import WRITE_ERRNOS, BadInput, StenographError, WriteFailed
+from stenograph.recorder.hostclient import HostRecorderLost
 from stenograph.recorder.keyshapes import KeyShapes
 from stenograph.recorder.secretfiles import write_values
 from stenograph.recorder.snapshots import Cadence, Snapshotter
@@ -153,10 +154,13 @@ def _record_into(req: RecordRequest, tmp: Path, ran: dict[str, Any]) -> Recorded
     worker = Worker(req.store, req.traj, 0, req.lease_ttl)
     try:
         return _record_leased(req, tmp, ran, worker)
-    except StenographError:
+    except StenographError as exc:
         lost = worker.fenced(look=True)  # the store refused this writer: say why, in one line
         if lost is not None:
             raise lost from None
+        if isinstance(exc, HostRecorderLost) and "stenograph resume" not in str(exc.args[0]):
+            raise HostRecorderLost(serve_lost_line(str(req.store), req.traj, exc),
+                                   str(req.store)) from None
         raise
     finally:
         worker.close()

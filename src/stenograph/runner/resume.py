@@ -37,6 +37,7 @@ from stenograph.recorder.didwhat import described
 from stenograph.recorder.drift import signature, tool_calls_of
 from stenograph.recorder.errors import BadInput, StenographError
 from stenograph.recorder.exchanges import ExchangeServer
+from stenograph.recorder.hostclient import HostRecorderLost
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.resumes import ResumePlan, covered, plan, settled_entry
 from stenograph.recorder.secretfiles import recorded_secrets, write_values
@@ -204,10 +205,13 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
                 if ev.kind == "Exchange" and ev.body.get("channel") == "model":
                     ExchangeServer.spend_into(req.authorizer, ev.body, blobs)
         out = _run(req, rp, worker, events, _drift_plan(rp, req.drift, blobs))
-    except StenographError:
+    except StenographError as exc:
         lost = worker.fenced(look=True)
         if lost is not None:
             raise lost from None
+        if isinstance(exc, HostRecorderLost) and "stenograph resume" not in str(exc.args[0]):
+            raise HostRecorderLost(serve_lost_line(str(store), traj, exc),
+                                   str(store)) from None
         raise
     finally:
         worker.close()
