@@ -30,6 +30,7 @@ static void after_fork_child(uint32_t idx) {
     ring_after_fork_child();
     g_live_threads = 1;
     g_parked = 0;
+    g_dying = 0;
     for (int c = 0; c < NCH; c++) T.st[c].mapped = 0;
     sched_after_fork_child();
     T.guard--;

@@ -144,15 +144,26 @@ EXPORT int usleep(useconds_t us) {
 
 /* Timed waits: the step, where a served record that did not time out means the call
  * runs live (what was ready is the program's own business: its fds are live) and is
- * not taped again -- STEP_TIMED_OUT when the recording says it timed out with nothing
- * ready, served as that. */
+ * not taped again (STEP_READY) -- STEP_TIMED_OUT when the recording says it timed out
+ * with nothing ready, served as that. A wait the recording saw end with something
+ * ready waits for it at replay however long that takes (READY_WAIT_MS at most): its
+ * peer is replayed too, and on a loaded machine may come later than the program's own
+ * timeout -- which, taken live, would send the program round its loop once more than
+ * the recording went (a server's select(0.5) timing out before the replayed client
+ * connects: its next scheduled turn is then not the recorded one). */
 #define STEP_TIMED_OUT STEP_SERVED
-static step_t wait_step(tls_t *t, int op, const void *args, uint32_t argn) {
+#define STEP_READY 3 /* (a wait_step answer, beside the step_t ones) */
+#define READY_WAIT_MS 60000
+static int wait_step(tls_t *t, int op, const void *args, uint32_t argn) {
     served_t s;
     step_t step = tape_step(t, CH_WAIT, op, args, argn, &s);
-    if (step != STEP_SERVED) return step;
+    if (step != STEP_SERVED) return (int)step;
     int32_t to; memcpy(&to, s.p + argn, 4);
-    return to ? STEP_TIMED_OUT : STEP_LIVE;
+    return to ? STEP_TIMED_OUT : STEP_READY;
+}
+
+static int patient(int timeout_ms) {
+    return timeout_ms < 0 || timeout_ms > READY_WAIT_MS ? timeout_ms : READY_WAIT_MS;
 }
 
 static void wait_rec(tls_t *t, int op, const void *args, uint32_t argn, int32_t timed_out) {
@@ -173,6 +184,8 @@ static int poll_taped(struct pollfd *fds, nfds_t nfds, int timeout) {
     case STEP_TIMED_OUT:
         for (nfds_t i = 0; i < nfds; i++) fds[i].revents = 0;
         return 0;
+    case STEP_READY:
+        return real_poll(fds, nfds, patient(timeout));
     case STEP_LIVE:
         return real_poll(fds, nfds, timeout);
     case STEP_RECORD:
@@ -249,6 +262,10 @@ static int select_taped(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeva
         if (x) FD_ZERO(x);
         tv->tv_sec = 0; tv->tv_usec = 0;
         return 0;
+    case STEP_READY: {
+        struct timeval longer = {READY_WAIT_MS / 1000, 0};
+        return real_select(nfds, r, w, x, tv->tv_sec >= longer.tv_sec ? tv : &longer);
+    }
     case STEP_LIVE:
         return real_select(nfds, r, w, x, tv);
     case STEP_RECORD:
@@ -307,6 +324,7 @@ static int epoll_wait_taped(int ep, struct epoll_event *ev, int max, int timeout
     epollargs_t args = {timeout, max};
     switch (wait_step(t, OP_EPOLL, &args, sizeof args)) {
     case STEP_TIMED_OUT: return 0;
+    case STEP_READY: return real_epoll_wait(ep, ev, max, patient(timeout));
     case STEP_LIVE: return real_epoll_wait(ep, ev, max, timeout);
     case STEP_RECORD: break;
     }
@@ -328,6 +346,7 @@ static int epoll_pwait_taped(int ep, struct epoll_event *ev, int max, int timeou
     epollargs_t args = {timeout, max};
     switch (wait_step(t, OP_EPOLL, &args, sizeof args)) {
     case STEP_TIMED_OUT: return 0;
+    case STEP_READY: return real_epoll_pwait(ep, ev, max, patient(timeout), ss);
     case STEP_LIVE: return real_epoll_pwait(ep, ev, max, timeout, ss);
     case STEP_RECORD: break;
     }
