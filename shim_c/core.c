@@ -387,8 +387,7 @@ static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, 
  * record: TAPE/<proc>/exited is absent). If the recorded run was killed from outside
  * (TAPE/killed holds the signal that ended the recorded run), the replay ends here the
  * same way (die_as_recorded). Else the replayed killer sends it again, maybe a little
- * later than the recorded one landed: wait for it (until the rest of the process has been
- * still for 10 s, 120 s at most; a recording made before
+ * later than the recorded one landed: wait for it (10 s at most; a recording made before
  * exit records existed waits so at every end of stream). */
 static int g_live_threads = 1; /* taped threads alive in this process (threads.c) */
 static int g_parked;           /* of which at the end of their tape (die_as_recorded) */
@@ -500,10 +499,15 @@ static int recorded_exit(void) {
 
 static void resume_park(tls_t *t); /* live.c: the end of a resumed prefix */
 
-/* Records served in this process: the others' progress while a thread waits at its
- * end of tape for them to end the process (park_at_exit, await_kill). */
-static unsigned long g_progress;
-
+/* Has this thread replayed all its tape? (Streams it never used are looked at now.) */
+static int tape_spent(tls_t *t) {
+    for (int c = 1; c < NCH; c++) {
+        stream_t *s = &t->st[c];
+        if (!s->mapped) map_stream(t, c);
+        if (s->off + 8 <= s->size) return 0;
+    }
+    return 1;
+}
 
 /* A terminating signal from another process that arrived before this process reached
  * the end of a tape that ends killed (signals.c, sig_defer_deaths): its death, due here.
@@ -566,32 +570,15 @@ static void await_kill(void) {
      * program may have reached with it blocked (a shell's child right after fork) */
     uint64_t none = 0, old = 0;
     RS4(SYS_rt_sigprocmask, SIG_SETMASK, &none, &old, 8);
-    unsigned long seen = __atomic_load_n(&g_progress, __ATOMIC_RELAXED);
-    for (int i = 0, quiet = 0; i < 12000 && quiet < 1000; i++, quiet++) {
+    for (int i = 0; i < 1000; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         RS2(SYS_nanosleep, &ts, NULL);
         if (g_dying) die_parked(g_dying);
         if (g_deferred_kill) die_parked(g_deferred_kill);
         if (i % 10 == 9 && (sig = group_killed())) die_parked(sig);
-        unsigned long now = __atomic_load_n(&g_progress, __ATOMIC_RELAXED);
-        if (now != seen) seen = now, quiet = 0; /* the rest still replays: the killer too */
     }
     __atomic_sub_fetch(&g_parked, 1, __ATOMIC_SEQ_CST);
     RS4(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, 8);
-}
-
-/* Sleep until the rest of the process has served nothing for quiet_ms (it is stuck,
- * maybe on this thread: a divergence), or max_ms have passed. A fixed wait called a
- * slow exit a divergence on a loaded machine: a server's graceful shutdown taking more
- * than 3 s while an idle worker thread sat at the end of its tape. */
-static void quiet_for(int quiet_ms, int max_ms) {
-    unsigned long seen = __atomic_load_n(&g_progress, __ATOMIC_RELAXED);
-    for (int i = 0, quiet = 0; i < max_ms && quiet < quiet_ms; i++, quiet++) {
-        struct timespec ts = {0, 1000 * 1000};
-        RS2(SYS_nanosleep, &ts, NULL);
-        unsigned long now = __atomic_load_n(&g_progress, __ATOMIC_RELAXED);
-        if (now != seen) seen = now, quiet = 0;
-    }
 }
 
 /* This process's recording ended by exit while this thread was inside a call (a timed
@@ -601,10 +588,12 @@ static void quiet_for(int quiet_ms, int max_ms) {
  * it is reported after EXIT_PARK_MS (as long as a diverged tree gets to end by itself,
  * launch.DIVERGED_GRACE). */
 #define EXIT_PARK_MS 3000
-#define EXIT_PARK_MAX_MS 120000
 static void park_at_exit(tls_t *t) {
     sched_release(t);
-    quiet_for(EXIT_PARK_MS, EXIT_PARK_MAX_MS);
+    for (int i = 0; i < EXIT_PARK_MS; i++) {
+        struct timespec ts = {0, 1000 * 1000};
+        RS2(SYS_nanosleep, &ts, NULL);
+    }
 }
 
 /* A divergence on the meta channel (meta.c serves with t_soft set) is reported like any
@@ -686,7 +675,6 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
                    (rsite == site || !rsite || !site || g_anysite))) {
             s->off += 8 + n;
             s->pos++;
-            __atomic_add_fetch(&g_progress, 1, __ATOMIC_RELAXED);
             if (UNLIKELY(s->off - s->dropped > STREAM_WINDOW)) stream_release(s);
             if (ch != CH_SIGNAL) t->sigk = 0;
             *plen = n;

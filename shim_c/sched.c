@@ -600,8 +600,39 @@ static int sem_gated(sem_t *s, const struct timespec *abs, int clk) {
     return 0;
 }
 
+/* Replay, a wait on a semaphore shared with other processes outside the schedule (a
+ * single-threaded pool worker waiting for the task queue's lock): in slices, so that a
+ * death the replayed killer sent (pool.terminate()'s SIGTERM, deferred to this process's
+ * tape end) ends it once its tape is spent -- the recorded worker died waiting here, and
+ * a wait that never returns never reaches the tape end the death waits for. A process
+ * whose recording went past this wait to its exit, still waiting after
+ * SHARED_WAIT_LIMIT_NS, has diverged: its peers took the lock in another order (the pool's main process holds
+ * the queue's lock to drain it while this worker never got its sentinel), and its
+ * parent waits for it for ever. */
+#define SHARED_WAIT_LIMIT_NS (20 * 1000000000LL)
+static int sem_wait_killable(sem_t *s) {
+    RESOLVE(sem_timedwait);
+    int64_t since = mono_ns();
+    for (;;) {
+        if (g_deferred_kill && tape_spent(&T)) die_as_recorded(g_deferred_kill);
+        /* the recording went on from here to its exit, untaped; this one is held by
+         * another process that took what it took in another order (a pool's other
+         * worker, its main process draining the queue): a divergence, said, not a hang */
+        if (mono_ns() - since > SHARED_WAIT_LIMIT_NS && recorded_exit())
+            sched_report(&T, "the process went on to its exit", (uint32_t)T.st[CH_SCHED].pos,
+                         OP_SCHED_SEM);
+        struct timespec at;
+        RS2(SYS_clock_gettime, CLOCK_REALTIME, &at);
+        at.tv_nsec += 100 * 1000000L;
+        if (at.tv_nsec >= 1000000000L) at.tv_sec++, at.tv_nsec -= 1000000000L;
+        int r = real_sem_timedwait(s, &at);
+        if (r == 0 || errno != ETIMEDOUT) return r;
+    }
+}
+
 EXPORT int sem_wait(sem_t *s) {
     if (sched_here()) return sem_gated(s, NULL, 0);
+    if (UNLIKELY(g_mode == MODE_REPLAY) && sem_shared(s)) return sem_wait_killable(s);
     RESOLVE(sem_wait);
     return real_sem_wait(s);
 }

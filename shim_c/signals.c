@@ -253,6 +253,24 @@ static int sig_kills(int sig) {
     }
 }
 
+/* Did the signal interrupt a blocking system call (the kernel rewound it to restart, or
+ * it ends with EINTR)? A victim whose tape is spent and which waits there -- a pool
+ * worker in an untaped sem_wait on the task queue's shared lock, which is where
+ * pool.terminate()'s SIGTERM found it when recorded -- would never reach the tape end
+ * its deferred death waits for: it dies of it now. */
+static int blocked_in_call(void *ctx) {
+#if defined(__x86_64__)
+    if (!ctx) return 0;
+    const greg_t *r = ((ucontext_t *)ctx)->uc_mcontext.gregs;
+    const unsigned char *ip = (const unsigned char *)r[REG_RIP];
+    return (ip[0] == 0x0f && ip[1] == 0x05) ||
+           (ip[-2] == 0x0f && ip[-1] == 0x05 && r[REG_RAX] == -EINTR);
+#else
+    (void)ctx;
+    return 0;
+#endif
+}
+
 static void sig_front(int sig, siginfo_t *si, void *uc) {
     int e = errno;
     if ((unsigned)sig > 64) return;
@@ -273,7 +291,10 @@ static void sig_front(int sig, siginfo_t *si, void *uc) {
             if (sent_by_tree(si->si_pid)) {
                 /* the replayed sender: a recording that ends killed dies at its tape's end;
                  * one that exited outlived the signal when recorded */
-                if (!recorded_exit()) g_deferred_kill = sig;
+                if (!recorded_exit()) {
+                    g_deferred_kill = sig;
+                    if (tape_spent(t) && blocked_in_call(uc)) die_as_recorded(sig);
+                }
                 errno = e;
                 return;
             }
