@@ -59,3 +59,25 @@ def test_the_cut_is_the_last_consistent_point_and_the_plan_keeps_nothing_past_it
     p = plan("t", events)
     assert p.cut == cut
     assert all(e.seq <= cut for e in p.events if e.kind in DROPPED_AFTER_CUT)
+
+
+def test_a_probe_says_not_done_only_by_a_clean_exit_1(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A probe is a real ``sh -c``: exit 0 is done (its stdout the answer), a quiet exit 1
+    not done; a probe that dies complaining (a Python probe's traceback when the service
+    timed out: exit 1 too) cannot tell, and the effect is left to a person instead of
+    being made again."""
+    from types import SimpleNamespace
+
+    from stenograph.runner.resume import ProbeSaid, run_probe
+
+    doubt = {"call_id": "0/mcp/2", "target": "mcp ledger/provision", "channel": "mcp"}
+
+    def said(command: str) -> ProbeSaid | None:
+        return run_probe(SimpleNamespace(command=command), doubt, str(tmp_path))
+
+    assert said("exit 0") == ProbeSaid("done")
+    assert said('echo \'{"id": "srv_1"}\'') == ProbeSaid("done", result={"id": "srv_1"})
+    assert said("exit 1") == ProbeSaid("not-done")
+    assert said("echo 'urllib.error.URLError: timed out' >&2; exit 1") is None
+    assert said("python3 -c 'raise TimeoutError(\"the service\")'") is None
+    assert said("exit 2") is None

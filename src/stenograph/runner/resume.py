@@ -96,8 +96,11 @@ class ProbeSaid:
 
 def run_probe(probe: Any, doubt: dict[str, Any], cwd: str) -> ProbeSaid | None:
     """Run a policy's probe for an effect in doubt (``sh -c``, in the run's working
-    directory, told which call by ``STENO_PROBE_*``): done on exit 0, not done on exit 1,
-    None when it cannot tell (anything else, or it did not finish). Done, what it prints
+    directory, told which call by ``STENO_PROBE_*``): done on exit 0, not done on exit 1
+    with nothing on stderr, None when it cannot tell (anything else, or it did not
+    finish). Exit 1 with a complaint is a probe that failed, not one that looked: a
+    Python probe's traceback (a timeout reaching the service) exits 1 too, and "not done"
+    makes the effect again -- a second server provisioned, once in CI. Done, what it prints
     is the call's answer: JSON for a request (``settle --result``), the bytes of a
     command's stdout (``settle --output``)."""
     env = {**os.environ, "STENO_PROBE_CALL_ID": str(doubt["call_id"]),
@@ -109,8 +112,8 @@ def run_probe(probe: Any, doubt: dict[str, Any], cwd: str) -> ProbeSaid | None:
                            capture_output=True, timeout=PROBE_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if p.returncode == 1:
-        return ProbeSaid("not-done")
+    if p.returncode == 1:  # said cleanly; a complaint with it is a probe that failed
+        return None if p.stderr.strip() else ProbeSaid("not-done")
     if p.returncode != 0:
         return None
     if not p.stdout.strip():
