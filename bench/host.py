@@ -68,11 +68,13 @@ elif mode == "sqlite":
         db.execute("INSERT INTO events(traj, seq, body) VALUES (?, ?, ?)", (i, n, packed))
         db.execute("COMMIT")
 else:
-    import logging
+    import logging, os
+    os.environ["DBOS__VMID"] = f"bench-{i}"  # each process its own executor (no recovery)
     from dbos import DBOS
     logging.getLogger("dbos").setLevel(logging.WARNING)
     DBOS(config={"name": "steno-bench", "application_version": "1",
-                 "system_database_url": where, "run_admin_server": False})
+                 "system_database_url": where, "run_admin_server": False,
+                 "log_level": "WARNING"})
     @DBOS.step()
     def note(n):
         return body["text"][:8] + str(n)
@@ -151,7 +153,11 @@ def run_producers(mode: str, where: str, n: int, seconds: float) -> dict[str, fl
 
 @contextlib.contextmanager
 def host_recorder(base: Path) -> Iterator[Path]:
+    from stenograph.recorder.store import init_store
+
     store = base / "store"
+    base.mkdir(parents=True, exist_ok=True)
+    init_store(store)
     srv = subprocess.Popen([PY, "-m", "stenograph", "serve", str(store)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -183,6 +189,7 @@ def postgres(base: Path) -> Iterator[str | None]:
     if not (PG_BIN / "initdb").exists():
         yield None
         return
+    base.mkdir(parents=True, exist_ok=True)
     data = base / "pg"
     run_as: list[str] = []
     if os.geteuid() == 0:
@@ -221,8 +228,11 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="steno-bench-host-", dir=str(HERE.parent)))
     out: dict[str, Any] = {"seconds": seconds, "body_bytes": BODY_CHARS, "runs": {}}
     use_dbos = dbos_installed()
+    pg_base = base
     try:
-        with postgres(base / "pgbase" if use_dbos else base) as pg_url:
+        # its own directory on a disk the postgres user can reach (the base is 0700)
+        pg_base = Path(tempfile.mkdtemp(prefix="steno-bench-pg-", dir="/var/tmp"))
+        with postgres(pg_base if use_dbos else base) as pg_url:
             for n in counts:
                 row: dict[str, Any] = {}
                 with host_recorder(base / f"host-{n}") as store:
@@ -240,6 +250,7 @@ def main() -> None:
                     show(n, row)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(pg_base, ignore_errors=True)
     if a.json:
         print(json.dumps(out))
 
