@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stenograph.recorder.effects import ToolCall
+    from stenograph.recorder.proposals import ToolCall
 
 BODY_SHOWN = 160
 """Characters of a request's body (or a connection's first bytes) shown."""
