@@ -55,7 +55,7 @@ test: $(STAMP) $(USTAMP)
 # disks and children as much as on either core. Then, alone, tests/test_kill.py, whose
 # replays of trees killed at random moments were seen to end short beside another
 # worker's load (docs/determinism.md, "killed runs")
-	$(BIN)/pytest -n 3 --dist loadfile -m "not alone"
+	$(BIN)/pytest -n 3 --dist loadfile -m "not alone" --durations=25
 	$(BIN)/pytest -m alone
 
 bench: $(STAMP) $(USTAMP)
