@@ -72,6 +72,7 @@ bench: $(STAMP) $(USTAMP)
 	$(BIN)/python bench/workspace.py
 	$(UVENV)/bin/pip install -q 'openai>=3,<4' && $(BIN)/python bench/seal.py
 	$(BIN)/pip install -q 'dbos>=3.4,<4' && $(BIN)/python bench/effects.py
+	$(BIN)/python bench/host.py
 	$(BIN)/python bench/resume.py
 	$(BIN)/python bench/settle.py
 	$(BIN)/python bench/build_replay.py
@@ -103,6 +104,8 @@ soak: $(STAMP)
 # a run of 100 million clock reads in the same memory bounds as 20 million
 	STENO_LONG_READS=100000000 $(BIN)/pytest -q tests/test_chunks.py -k bounded_memory
 	STENO_PAY_TRIALS=150 STENO_PAY_BOUNDARIES=all $(BIN)/pytest -q tests/test_payments_agent.py
+# the host recorder at the issue's sizes: 64 agents at once, 10,000 short-lived execs
+	STENO_HOST_AGENTS=64 STENO_HOST_EXECS=10000 $(BIN)/pytest -q tests/test_host_recorder.py
 	for i in 1 2 3 4 5 6 7 8 9 10; do STENO_SIGNAL_SOAK=1 $(BIN)/pytest -q tests/test_signals.py -k itimer || exit 1; done
 
 lint: $(STAMP)
