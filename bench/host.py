@@ -33,7 +33,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,9 +41,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from stenograph.testing import postgres as pg
+
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 BODY_CHARS = 1300
 DBOS_MAX = 64
 
@@ -52,6 +52,15 @@ PRODUCER = r"""
 import json, sys, time
 mode, where, i, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 body = {"text": "x" * BODY_CHARS}
+def timed(append):  # one untimed call, ready, wait for go; then each call's seconds
+    append(0)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    lat, end = [], time.perf_counter() + seconds
+    while (t0 := time.perf_counter()) < end:
+        append(len(lat) + 1)
+        lat.append(time.perf_counter() - t0)
+    return lat
 if mode == "host":
     from stenograph.recorder.hostclient import RemoteStore
     store = RemoteStore(where, traj=f"agent-{i}")
@@ -81,33 +90,13 @@ else:
     lat = []
     @DBOS.workflow()
     def agent(seconds):
-        note(0)
-        print("ready", flush=True)
-        sys.stdin.readline()
-        end = time.perf_counter() + seconds
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= end:
-                break
-            note(len(lat) + 1)
-            lat.append(time.perf_counter() - t0)
+        lat.extend(timed(note))
     DBOS.launch()
     agent(seconds)
     print(json.dumps(lat), flush=True)
     DBOS.destroy()
     sys.exit(0)
-append(0)
-print("ready", flush=True)
-sys.stdin.readline()
-lat = []
-end = time.perf_counter() + seconds
-while True:
-    t0 = time.perf_counter()
-    if t0 >= end:
-        break
-    append(len(lat) + 1)
-    lat.append(time.perf_counter() - t0)
-print(json.dumps(lat), flush=True)
+print(json.dumps(timed(append)), flush=True)
 """.replace("BODY_CHARS", str(BODY_CHARS))
 
 
@@ -186,30 +175,12 @@ def sqlite_db(base: Path) -> str:
 @contextlib.contextmanager
 def postgres(base: Path) -> Iterator[str | None]:
     """A private, durable PostgreSQL 15 cluster (``None`` if it is not installed)."""
-    if not (PG_BIN / "initdb").exists():
+    if not pg.installed():
         yield None
         return
-    base.mkdir(parents=True, exist_ok=True)
-    data = base / "pg"
-    run_as: list[str] = []
-    if os.geteuid() == 0:
-        shutil.chown(base, "postgres")
-        run_as = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    subprocess.run([*run_as, str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust",
-                    "-U", "postgres"], check=True, capture_output=True, timeout=120)
-    subprocess.run([*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-l",
-                    str(base / "pg.log"), "-o",
-                    f"-p {port} -k {base} -c listen_addresses=127.0.0.1 "
-                    "-c max_connections=800 -c shared_buffers=256MB", "start"],
-                   check=True, capture_output=True, timeout=120)
-    try:
+    with pg.cluster(base, options="-c max_connections=800 -c shared_buffers=256MB",
+                    stop="fast") as port:
         yield f"postgresql://postgres@127.0.0.1:{port}/dbos_bench"
-    finally:
-        subprocess.run([*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast",
-                        "stop"], capture_output=True, timeout=60)
 
 
 def dbos_installed() -> bool:
