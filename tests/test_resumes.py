@@ -81,3 +81,40 @@ def test_a_probe_says_not_done_only_by_a_clean_exit_1(tmp_path) -> None:  # type
     assert said("echo 'urllib.error.URLError: timed out' >&2; exit 1") is None
     assert said("python3 -c 'raise TimeoutError(\"the service\")'") is None
     assert said("exit 2") is None
+
+
+def test_a_call_settled_done_is_served_even_once_its_process_went_live(
+        tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A resumed process goes live as soon as one of its threads runs out of tape, which
+    can be before it reaches the call a person settled as done (the cut is at that call's
+    intent; another thread's records end earlier). Reached live, the call must still be
+    answered from the settlement, never sent: a CI run once provisioned a second server
+    this way. Both tapes (MCP and HTTP) are asked as the hooks ask them."""
+    import json
+    from types import SimpleNamespace
+
+    from stenograph.interpose import mcp_client, seam
+    from stenograph.interpose.fingerprint import fingerprint
+    from stenograph.interpose.pytape import PyTape
+    from stenograph.recorder.exchanges import prepare_py_tape
+    from stenograph.recorder.resumes import settled_entry
+
+    args = json.dumps({"name": "web1"}, sort_keys=True).encode()
+    mcp = {"proc": "0", "channel": "mcp", "pos": 0, "target": "mcp ledger/provision",
+           "fingerprint": fingerprint("CALL", "mcp:ledger/provision", args)}
+    probe = PyTape("record", "0")
+    http_fp = seam.Call(probe, "POST", "http://127.0.0.1:9/pay", [], b"{}").fp
+    http = {"proc": "0", "channel": "http", "pos": 0, "target": "POST http://127.0.0.1:9/pay",
+            "fingerprint": http_fp}
+    prepare_py_tape([Event(0, "t", 1, None, "Exchange", settled_entry(mcp, None)),
+                     Event(1, "t", 2, None, "Exchange", settled_entry(http, {"ok": 1}))],
+                    tmp_path)
+    monkeypatch.setenv("STENO_RESUME", "1")
+    tape = PyTape("record", "0", tape_dir=str(tmp_path))  # live: the mode a resume went to
+    session = SimpleNamespace(_stenograph_mcp=mcp_client._Known(
+        "ledger", {"provision": mcp_client.Hints()}))
+    answer = mcp_client.McpCall(tape, session, "provision", {"name": "web1"}).before()
+    assert answer is not None and answer.content[0].text == mcp_client.NO_ANSWER
+    call = seam.Call(tape, "POST", "http://127.0.0.1:9/pay", [], b"{}")
+    assert call.replaying and call.served is not None
+    assert call.replayed(RuntimeError, RuntimeError).status == 200

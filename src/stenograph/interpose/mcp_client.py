@@ -134,11 +134,12 @@ class McpCall:
                 entry = tape.take(self.slot.stream, self.slot.pos, self.request, self.fp)
             except ReplayExhausted:
                 return None  # reported (lenient replay): the call is made, unchecked
-            if entry.get("settled_by_person"):  # a person's (or probe's) word, not an entry
-                return _rebuilt(entry.get("result"))
-            if entry.get("served"):
-                return self._answer(entry)
-            return None
+            return self._served(entry)
+        resumed = tape.resumed_entry(self.slot, self.fp)
+        if resumed is not None:  # the prefix has it, though this process is live already
+            answer = self._served(resumed)
+            if answer is not None or resumed.get("result") is not None:
+                return answer if answer is not None else self._answer(resumed)
         if not self.effect:
             return None
         if tape.authorizing:
@@ -154,6 +155,14 @@ class McpCall:
                                            "arguments": self.args.decode("utf-8", "replace")}):
             return self._refuse("stenograph could not make the intent of this call durable; "
                                 "it was not sent")
+        return None
+
+    def _served(self, entry: dict[str, Any]) -> Any:
+        """The answer an entry gives without the server being asked, if it is one."""
+        if entry.get("settled_by_person"):  # a person's (or probe's) word, not an entry
+            return _rebuilt(entry.get("result"))
+        if entry.get("served"):
+            return self._answer(entry)
         return None
 
     def _authorize(self) -> Any:

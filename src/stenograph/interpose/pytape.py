@@ -319,10 +319,13 @@ class PyTape:
         return n
 
     def resumed_entry(self, slot: Slot, fp: str) -> dict[str, Any] | None:
-        """Resuming, live: a call made inside a body that is running again (the crash came
-        before the outer call's result) is served what the crashed run recorded for it,
-        if it got that far: what it did is durable, and is not done twice."""
-        if not (self.resuming and self.mode == "record" and slot.nested):
+        """Resuming, live: a call the crashed run's prefix has an entry for (same place,
+        same request) is served that entry, not made: what it did is durable, and is not
+        done twice. Two ways to get here live: a call inside a body that runs again (the
+        crash came before the outer call's result), and a call the process reached after
+        its C tape ran out -- a SIGKILL loses the tape's unflushed tail, so a prefix can
+        end before a call whose entry (an answer, or a person's settlement) is in the log."""
+        if not (self.resuming and self.mode == "record"):
             return None
         return self.recorded(slot.stream, slot.pos, fp)
 
