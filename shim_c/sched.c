@@ -232,7 +232,9 @@ static int64_t take_record(tls_t *t, int op) {
 /* Replay: take the baton at this thread's next recorded grant, which must be for `op`;
  * return the recorded outcome. A resume that goes live while this thread waits for a
  * grant it was served still gives it that grant (the tape has it): the grant is promised
- * to it, live threads take the others. */
+ * to it from the moment it starts waiting, live threads take the others. (Promised only
+ * once the waiter woke, a loaded machine let live threads take the grant first: the
+ * resumed log then had it twice and its replay stopped, "the turn never came".) */
 static int32_t take_replay(tls_t *t, int op) {
     served_t s;
     switch (tape_step(t, CH_SCHED, op, NULL, 0, &s)) {
@@ -250,9 +252,13 @@ static int32_t take_replay(tls_t *t, int op) {
     }
     int64_t last = 0;
     uint64_t seen = ~0ULL;
+    if (UNLIKELY(g_resume) && !t->promised) promise(t, r.grant, 1); /* before any waiting */
     for (;;) {
         uint64_t st = __atomic_load_n(&S.state, __ATOMIC_ACQUIRE);
-        if (S.broken) return r.result;
+        if (S.broken) {
+            if (t->promised) promise(t, r.grant, 0);
+            return r.result;
+        }
         if (UNLIKELY(g_mode == MODE_RECORD) && !t->promised) { /* the process went live */
             if ((uint32_t)(st >> 32) > r.grant) return SCHED_WENT_LIVE; /* cannot be kept */
             promise(t, r.grant, 1);
@@ -280,6 +286,7 @@ static int32_t take_replay(tls_t *t, int op) {
         int64_t now = mono_ns();
         if (st != seen) { seen = st; last = now; }
         if (now - last > 30 * S.stall_ns) {
+            if (t->promised) promise(t, r.grant, 0);
             sched_report(t, "the turn never came: the thread holding it did not reach the "
                             "blocking call it made when recorded", r.grant, op);
             return r.result;

@@ -228,3 +228,13 @@ def serving(store: Path) -> bool:
     except OSError:
         return False
     return True
+
+
+def caught_up(store: Path) -> None:
+    """Before ``store`` is read to decide something (status, settle, resume): everything
+    its host recorder took from any client is on disk, so what a person reads after a
+    crash is what the next command sees. Nothing to do when none serves it."""
+    if not serving(store):
+        return
+    with contextlib.suppress(OSError, StenographError), RemoteStore(store) as rs:
+        rs._ask({"op": "flush", "all": True})

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import select
 import selectors
 import socket
 import struct
@@ -202,6 +203,8 @@ class HostRecorder:
             elif rid is not None:
                 conn.send({"id": rid, "lsn": lsn})
         elif op == "flush":
+            if doc.get("all"):  # a reader: first what every client already sent
+                self._take_pending(conn)
             self._wait_sync(self.store.last_lsn, conn, rid)
         elif op == "synced":
             conn.send({"id": rid, "synced": self.store.synced_lsn})
@@ -228,6 +231,21 @@ class HostRecorder:
         else:
             raise StenographError(f"unknown request {op!r}")
 
+    def _take_pending(self, asking: _Conn) -> None:
+        """Read what the other clients have sent and this loop not yet taken (a client
+        killed a moment ago may have left its last appends in its socket): a reader that
+        asks for everything gets them too."""
+        others = [c.sock for c in self._conns.values() if c is not asking]
+        for _ in range(64):
+            ready, _w, _x = select.select(others, [], [], 0) if others else ([], [], [])
+            if not ready:
+                return
+            for sock in ready:
+                conn = self._conns.get(sock)
+                if conn is not None and not conn.closed:
+                    self._readable(conn)
+            others = [c.sock for c in self._conns.values() if c is not asking]
+
     def _check_lease(self, conn: _Conn, traj: str, always: bool) -> None:
         if conn.token is None:
             return
@@ -252,6 +270,11 @@ class HostRecorder:
         self._drop(conn)
 
     def _drop(self, conn: _Conn) -> None:
+        """A client gone (or refused): what it appended is made durable now, not at some
+        other client's next sync, so the store a person reads after a crash does not
+        change under them."""
+        if conn.appended and conn.last_lsn > self.store.synced_lsn:
+            self._wait_sync(conn.last_lsn, conn, None)
         with conn.send_lock:
             conn.closed = True
         with contextlib.suppress(KeyError, ValueError):

@@ -14,10 +14,13 @@ that covers it returned -- in the order the requests came on that connection:
     <- {"id", "lsn"}                                   (when it carried an id)
     -> {"op": "flush" | "synced" | "next_seq" | "sessions", "id", ...}
     <- {"id", "synced" | "seq" | "sessions"}
+    -> {"op": "flush", "all": true, "id"}               (a reader: first whatever the
+                                                         other clients already sent)
     <- {"error": "...", "fenced": bool}                and the connection closes
 
 A client that loses the connection has lost nothing acknowledged: every answered
-durable append was synced before its answer left.
+durable append was synced before its answer left. A client that goes away (killed) has
+what it appended synced at once, not at another client's next sync.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from typing import Any
 from stenograph.recorder.codec import Event
 from stenograph.recorder.effects import TrajectoryState, call_id, fold
 from stenograph.recorder.errors import BadInput
+from stenograph.recorder.hostclient import caught_up
 from stenograph.recorder.hostwire import host_serves
 from stenograph.recorder.leases import LocalLeases
 from stenograph.recorder.reader import StoreReader
@@ -253,6 +254,7 @@ def states(store: Path, traj: str | None = None) -> list[TrajectoryState]:
     settlement."""
     if not (store / "wal").is_dir():
         raise BadInput("not a store (no wal/ directory)", str(store))
+    caught_up(store)
     reader = StoreReader(store)
     # an exclusive writer (not the host recorder): any trajectory may be moving
     alive = writer_holds(store) and not host_serves(store)
