@@ -18,6 +18,7 @@
 #define NET_FDS 1024
 #define HOLD_MAX 8192 /* the largest request head held back for its body (neteffect.c) */
 #define NET_SEND_HELD 1u /* OP_NET_SEND flags: a head held back, not sent until its body */
+#define NET_SEND_REFUSED 2u /* OP_NET_SEND flags: a resume refused it unsent (net_live) */
 #define NET_HEAD 64 /* bytes of each send kept for the report of a different one */
 
 /* Where an HTTP/1 conversation stands (record and replay alike: a resume goes live

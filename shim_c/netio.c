@@ -62,6 +62,10 @@ static ssize_t net_send(int fd, const struct msghdr *mh, int flags) {
         if (UNLIKELY(g_nconn[fd].fresh || g_nconn[fd].refused) && !net_may_send(fd, mh, asked)) {
             g_nconn[fd].refused = 1; /* never connected live: nothing of it leaves */
             RS2(SYS_shutdown, fd, SHUT_RDWR);
+            netsend_t no = {asked > 0xffffffffu ? 0xffffffffu : (uint32_t)asked, -EPIPE, 0, 0,
+                            NET_SEND_REFUSED};
+            rec2(t, CH_NET, OP_NET_SEND, &conn, 4, &no, sizeof no); /* a later replay: the same */
+            g_nconn[fd].sends++;
             errno = EPIPE;
             return -1;
         }
@@ -101,6 +105,7 @@ static ssize_t net_send(int fd, const struct msghdr *mh, int flags) {
         net_served_send(fd, r.flags, s.p + 4 + sizeof r, r.head);
     }
     g_nconn[fd].sends++;
+    if (r.flags & NET_SEND_REFUSED) g_nconn[fd].refused = 1;
     if (r.result < 0) { errno = -r.result; return -1; }
     uint32_t hn = 0;
     uint64_t d = asked >= (size_t)r.result
