@@ -91,6 +91,9 @@ soak: $(STAMP)
 	STENO_THREAD_RUNS=3x10 $(BIN)/pytest -q tests/test_threads.py
 	STENO_ASYNC_RUNS=3x10 $(BIN)/pytest -q tests/test_asyncio_loop.py
 	STENO_MCP_RUNS=3x3 $(BIN)/pytest -q tests/test_mcp.py tests/test_mcp_effects.py
+# the property tests at three times their written counts (make test runs a third)
+	STENO_SCALE=3 $(BIN)/pytest -q tests/test_log_robust.py tests/test_recovery.py \
+	    tests/test_crash.py tests/test_http_streaming.py
 # the toolbox sweep, every tool (go and rg from Debian's golang-go and ripgrep)
 	@command -v go >/dev/null && command -v rg >/dev/null || \
 	    (apt-get install -y golang-go ripgrep >/dev/null 2>&1 || \

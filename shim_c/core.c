@@ -391,6 +391,7 @@ static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, 
  * exit records existed waits so at every end of stream). */
 static int g_live_threads = 1; /* taped threads alive in this process (threads.c) */
 static int g_parked;           /* of which at the end of their tape (die_as_recorded) */
+static unsigned g_served;      /* resume: records served so far (live.c: is the prefix moving?) */
 static void sched_release(tls_t *t);
 
 /* Replay's small files in the tape directory: TAPE/<name>, or TAPE/<this proc>/<name>. */
@@ -675,6 +676,7 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
                    (rsite == site || !rsite || !site || g_anysite))) {
             s->off += 8 + n;
             s->pos++;
+            if (UNLIKELY(g_resume)) __atomic_add_fetch(&g_served, 1, __ATOMIC_RELAXED);
             if (UNLIKELY(s->off - s->dropped > STREAM_WINDOW)) stream_release(s);
             if (ch != CH_SIGNAL) t->sigk = 0;
             *plen = n;

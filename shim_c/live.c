@@ -13,7 +13,11 @@
  * resume (or replay) serves the prefix and this continuation as one tape.
  *
  * A thread that never reaches the end of its tape (blocked in a call the shim does not
- * see) would keep the others parked: after LIVE_WAIT_MS the process goes live anyway. */
+ * see) would keep the others parked: once no record has been served for LIVE_WAIT_MS the
+ * process goes live anyway. (Counted from the first park, a loaded machine switched a
+ * thread still replaying its prefix: its unreplayed records stayed in the log before its
+ * live ones, and a replay of the resumed trajectory stopped there, "the turn never
+ * came".) */
 
 
 static int g_live_lock;
@@ -36,6 +40,7 @@ static void go_live(void) {
 static void resume_park(tls_t *t) {
     (void)t;
     int parked = __atomic_add_fetch(&g_resume_parked, 1, __ATOMIC_SEQ_CST);
+    unsigned seen = __atomic_load_n(&g_served, __ATOMIC_RELAXED);
     for (int waited = 0; __atomic_load_n(&g_mode, __ATOMIC_SEQ_CST) == MODE_REPLAY;) {
         if (parked >= __atomic_load_n(&g_live_threads, __ATOMIC_SEQ_CST) ||
             waited >= LIVE_WAIT_MS) {
@@ -46,7 +51,9 @@ static void resume_park(tls_t *t) {
         struct timespec rel = {0, 10 * 1000 * 1000};
         if (__atomic_load_n(&g_mode, __ATOMIC_SEQ_CST) == MODE_REPLAY)
             RS4(SYS_futex, &g_live_word, FUTEX_WAIT_PRIVATE, w, &rel);
-        waited += 10;
+        unsigned now = __atomic_load_n(&g_served, __ATOMIC_RELAXED);
+        waited = now != seen ? 0 : waited + 10; /* another thread is still replaying */
+        seen = now;
         parked = __atomic_load_n(&g_resume_parked, __ATOMIC_SEQ_CST);
     }
     __atomic_sub_fetch(&g_resume_parked, 1, __ATOMIC_SEQ_CST);

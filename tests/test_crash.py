@@ -27,6 +27,7 @@ import pytest
 from conftest import SEGMENT_BYTES, SMALL, Model, segments
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scale import examples
 
 from stenograph.recorder.errors import StoreLocked
 from stenograph.recorder.reader import StoreReader
@@ -129,7 +130,7 @@ def _crash_image(run: Run, i: int, mode: str, frac: float, rnd: random.Random) -
     return files
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     data=st.data(),
     mode=st.sampled_from(["prefix", "garbage", "pages", "no-new-segment"]),

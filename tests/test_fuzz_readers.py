@@ -24,6 +24,7 @@ import pytest
 from conftest import SMALL, segments
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scale import examples
 
 from stenograph.recorder import chunks, segment
 from stenograph.recorder.blobs import BlobStore
@@ -47,7 +48,7 @@ from stenograph.recorder.trajfile import read_trajectory, write_trajectory
 
 EXAMPLES = int(os.environ.get("STENO_FUZZ_EXAMPLES", "0")) or None
 fuzz = settings(
-    max_examples=EXAMPLES or 300, deadline=None, database=None,
+    max_examples=EXAMPLES or examples(300), deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                            HealthCheck.function_scoped_fixture],
 )

@@ -30,8 +30,8 @@ from stenograph.testing.effect_service import EffectService
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = os.path.realpath(sys.executable)
-AGENTS = int(os.environ.get("STENO_HOST_AGENTS", "12"))
-EXECS = int(os.environ.get("STENO_HOST_EXECS", "1500"))
+AGENTS = int(os.environ.get("STENO_HOST_AGENTS", "8"))
+EXECS = int(os.environ.get("STENO_HOST_EXECS", "800"))
 
 AGENT = """
 import os, random, sys, time

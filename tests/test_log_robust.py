@@ -24,6 +24,7 @@ import pytest
 from conftest import SMALL, Model, copy_store, dir_digest, segments
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scale import examples
 
 from stenograph.recorder.codec import (
     MAX_DEPTH,
@@ -102,7 +103,7 @@ def build(path: Path, seed: int) -> tuple[Model, int]:
     return model, acked
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(seed=st.integers(0, 2**32), data=st.data(),
        mode=st.sampled_from(["zero", "garbage", "flip", "truncate"]))

@@ -24,7 +24,7 @@ from crashes import Run, go, service, started
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = os.path.realpath(sys.executable)
-TRIALS = int(os.environ.get("STENO_NET_CRASH_TRIALS", "3"))
+TRIALS = int(os.environ.get("STENO_NET_CRASH_TRIALS", "2"))
 """Crash-anywhere trials per tool (``make soak``: 60)."""
 
 pytestmark = pytest.mark.skipif(not shutil.which("curl"), reason="curl is not installed")

@@ -23,6 +23,7 @@ import pytest
 from conftest import SMALL, Model, copy_store, dir_digest, flip_bit, segments
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scale import examples
 
 from stenograph.recorder.codec import Event
 from stenograph.recorder.errors import BadInput, CorruptLog
@@ -158,7 +159,7 @@ def check_appendable(path: Path, survivors: list[Event], model: Model) -> None:
 # -- truncation ----------------------------------------------------------------------
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(which=st.sampled_from(["closed", "unsealed"]), data=st.data())
 def test_truncated_last_segment_keeps_every_whole_event(pristine, scratch, which, data) -> None:
     p = pristine[which]
@@ -214,7 +215,7 @@ def test_truncated_header_is_refused_cleanly(pristine, tmp_path) -> None:
 # -- bit flips -----------------------------------------------------------------------
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(which=st.sampled_from(["closed", "unsealed"]), data=st.data())
 def test_bit_flip_never_serves_a_wrong_event(pristine, scratch, which, data) -> None:
     p = pristine[which]

@@ -23,7 +23,7 @@ import steno_cli
 PY = os.path.realpath(sys.executable)
 CLI = [sys.executable, "-m", "stenograph"]
 PROGRAMS = Path(__file__).resolve().parent / "programs"
-RECORDINGS, REPLAYS = (int(n) for n in os.environ.get("STENO_THREAD_RUNS", "2x3").split("x"))
+RECORDINGS, REPLAYS = (int(n) for n in os.environ.get("STENO_THREAD_RUNS", "1x2").split("x"))
 """Recordings per program and replays per recording (``make soak``: 3x10)."""
 
 

@@ -226,7 +226,7 @@ CASES: list[Case] = [
          after=((PY, "-m", "pytest", "-q", "test_two.py"),
                 (PY, "-m", "pytest", "-q", "test_two.py"))),
     Case("pytest --lf", [PY, "-m", "pytest", "-q", "--lf", "test_lf.py"], _pytest_lf,
-         quick=True, before=((PY, "-m", "pytest", "-q", "test_lf.py"),)),
+         before=((PY, "-m", "pytest", "-q", "test_lf.py"),)),
     Case("pytest -n 2", [PY, "-m", "pytest", "-q", "-n", "2", "-p", "xdist", "test_two.py"],
          _pytest),
     Case("ruff check", [_venv_tool("ruff"), "check", "--no-cache", "pkg"], _ruff, quick=True),
