@@ -176,24 +176,28 @@ def test_killing_the_whole_tree_loses_no_intent_of_a_sent_effect(tmp_path: Path)
         with EffectService() as svc:
             keys: list[str | None] = []
             svc.on_effect = lambda path, h, keys=keys: keys.append(h.get("Idempotency-Key"))
+            err = (tmp_path / f"err{trial}").open("wb")  # (shown if an intent is missing)
             p = subprocess.Popen([*CLI, "record", "--workspace", "none", "--store", str(store),
                                   "--traj", "t", "-o", str(tmp_path / f"o{trial}.steno"), "--",
                                   sys.executable, str(prog), svc.url], env=_env(),
                                  start_new_session=True, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+                                 stderr=err)
             after, deadline = rng.randint(1, 60), time.monotonic() + 120
             while len(keys) < after and p.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.002)
             time.sleep(rng.uniform(0, 0.03))
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+            err.close()
             received = list(keys)
         if not (store / "wal").exists():
             continue
         durable = {e.body.get("idempotency_key") for e in StoreReader(store).events(traj="t")
                    if e.kind == "ToolIntent"}
         missing = [k for k in received if k not in durable]
-        assert not missing, (trial, len(received), missing[:3])
+        assert not missing, (trial, len(received), missing[:3],
+                             (tmp_path / f"err{trial}").read_text(errors="replace")[-2000:],
+                             sorted({e.kind for e in StoreReader(store).events()}))
         checked += len(received)
         st = subprocess.run([*CLI, "status", str(store), "t", "--json"], capture_output=True,
                             text=True, check=True)
