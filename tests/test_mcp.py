@@ -28,7 +28,7 @@ from steno_cli import why
 CLI = [sys.executable, "-m", "stenograph"]
 PY = sys.executable  # the venv: the client and server import mcp
 CLIENT = Path(__file__).resolve().parent.parent / "examples" / "mcp" / "stamp_client.py"
-RECORDINGS, REPLAYS = (int(n) for n in os.environ.get("STENO_MCP_RUNS", "1x2").split("x"))
+RECORDINGS, REPLAYS = (int(n) for n in os.environ.get("STENO_MCP_RUNS", "1x1").split("x"))
 """Recordings per SDK and replays per recording (``make soak``: 3x3)."""
 TARGETS = {"mcp1": ("mcp-1", "mcp<2", "mcp"), "fastmcp": ("fastmcp", "fastmcp", "fastmcp")}
 """Installed once with ``pip install --target`` under ``.venv/``: dir, requirement, module."""
