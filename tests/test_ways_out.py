@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from ways_out import WAYS, plan_trials, run_trial, whole_run_time
+from ways_out import WAYS, Trial, plan_trials, run_trial, whole_run_time
 
 TRIALS = int(os.environ.get("STENO_WAYS_TRIALS", "1"))
 CHOSEN = [w for w in os.environ.get("STENO_WAYS", ",".join(WAYS)).split(",") if w]
@@ -30,3 +30,13 @@ def test_every_payment_exactly_once_through(tmp_path: Path, way: str) -> None:
     trials = plan_trials(way, TRIALS, int(os.environ.get("STENO_WAYS_SEED", "38")), took)
     for i, trial in enumerate(trials):
         run_trial(tmp_path / f"t{i}", trial)
+
+
+@pytest.mark.parametrize("settle", ["none", "output"])
+def test_a_static_tool_settled_done_is_not_run_again(tmp_path: Path, settle: str) -> None:
+    """The Go tool killed once it paid (the service applied, the tool not yet answered):
+    a person settles its exec done, with nothing or with its output, and the resume
+    reaches that exec live (the cut is at its intent). It must not run: a recorder that
+    let a settled exec through because its intent was known paid twice (a soak trial)."""
+    _needs("go")
+    run_trial(tmp_path, Trial("go", [("applied", 2)], settle))

@@ -342,7 +342,8 @@ class RecordSession:
         self.commands = Commands()
         """Which command lines are effects (``recorder/commands.py``)."""
         self.settled: dict[str, str] = {}
-        """Resume: a person's decision (``done``, ``not-done``) on effects left in doubt."""
+        """Resume: a person's decision (``done``, ``not-done``) on effects left in doubt,
+        or ``answered`` (the log holds its own result: a prefix replays it)."""
         self.known: set[str] = set()
         """Resume: the call ids whose intents the log holds (their execs are replayed)."""
         self.replies: dict[str, LiveReply] = {}
@@ -558,14 +559,16 @@ class RecordSession:
                 conn.send(bytes([ANS_ANSWERED]) + struct.pack("<i", given.status)
                           + given.path.encode())
                 return
-            if call_id in self.settled:
-                if self.settled[call_id] == "done":
-                    answer = 2
-                else:
-                    self._renamed[call_id] = call_id = f"{call_id}@{self.epoch}"
+            how = self.settled.get(call_id)
+            if how == "done":  # a person's or a probe's word: it happened
+                answer = 2
+            elif how == "not-done":
+                self._renamed[call_id] = call_id = f"{call_id}@{self.epoch}"
             effect = self.commands.is_effect(line, whole=whole)
-            if call_id in self.known or (replayed and call_id not in self.approvals
-                                         and not effect):
+            if answer == 2:  # settled done: not run, however well the log knows its intent
+                pass
+            elif call_id in self.known or (replayed and call_id not in self.approvals
+                                           and not effect):
                 conn.send(b"\x01")  # a prefix replays it
                 return
             # (an effect or a held call the prefix reaches without its intent was never

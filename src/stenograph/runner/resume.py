@@ -311,7 +311,7 @@ def _run(req: ResumeRequest, rp: ResumePlan, worker: Worker, all_events: list[Ev
             # a command the prefix runs again is replayed, or (settled) done or redone
             session.tape.known = {str(e.body.get("call_id")) for e in rp.events
                                   if e.kind == "ToolIntent"}
-            session.tape.settled = {e.call_id: "done" if e.answered else str(e.decision)
+            session.tape.settled = {e.call_id: "answered" if e.answered else str(e.decision)
                                     for e in rp.state.effects
                                     if e.decision is not None or e.answered}
             session.tape.approvals = rp.approvals
