@@ -96,3 +96,28 @@ def test_effect_service_fences_and_honours_idempotency_keys() -> None:
         st = svc.stats()
         assert st["payments"] == 2 and st["rejected_stale"] == 1
         assert st["by_key"] == {"k1": 2, "k2": 1}
+
+
+def test_a_heartbeat_that_finds_its_lease_taken_says_by_whom(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A worker's heartbeat finds its trajectory taken over (another worker's epoch): it
+    hands the new holder's lease to ``lost`` once and stops renewing. (Its thread once
+    died of a TypeError there instead, seen only when a loaded machine made a worker's
+    renewal meet the takeover.)"""
+    import dataclasses
+    import time
+
+    from stenograph.recorder.leases import Heartbeat, LocalLeases
+
+    leases = LocalLeases(tmp_path)
+    mine = leases.acquire("t", 1, ttl=0.3)
+    told: list = []
+    beat = Heartbeat(leases, mine, 0.3, told.append)
+    theirs = dataclasses.replace(mine, epoch=2, pid=mine.pid + 1, token="other")
+    with leases._locked():
+        leases._write(theirs)
+    deadline = time.monotonic() + 10
+    while not told and time.monotonic() < deadline:
+        time.sleep(0.02)
+    beat.close()
+    assert beat.is_lost and told == [theirs]
+    assert leases.current("t") == theirs  # not released by the worker that lost it

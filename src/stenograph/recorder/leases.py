@@ -188,7 +188,7 @@ class Heartbeat:
                 continue
             if new is None:
                 self.is_lost = True
-                self.lost(self.leases.current())
+                self.lost(self.leases.current(self.lease.traj))
                 return
             self.lease = new
 
