@@ -136,10 +136,9 @@ class McpCall:
                 return None  # reported (lenient replay): the call is made, unchecked
             return self._served(entry)
         resumed = tape.resumed_entry(self.slot, self.fp)
-        if resumed is not None:  # the prefix has it, though this process is live already
-            answer = self._served(resumed)
-            if answer is not None or resumed.get("result") is not None:
-                return answer if answer is not None else self._answer(resumed)
+        if resumed is not None and (resumed.get("settled_by_person")
+                                    or resumed.get("result") is not None):
+            return self._served(resumed) or self._answer(resumed)  # (live, but known)
         if not self.effect:
             return None
         if tape.authorizing:

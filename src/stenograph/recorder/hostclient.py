@@ -87,8 +87,9 @@ class RemoteStore:
         self._send({"op": "append", "traj": traj, "kind": kind, "body": pack_body(body),
                     "durable": False})
 
-    def flush(self) -> None:
-        self._ask({"op": "flush"})
+    def flush(self, *, everyone: bool = False) -> None:
+        """Everything this client sent is durable (``everyone``: every client's)."""
+        self._ask({"op": "flush", **({"all": True} if everyone else {})})
 
     @property
     def synced_lsn(self) -> int:
@@ -237,4 +238,4 @@ def caught_up(store: Path) -> None:
     if not serving(store):
         return
     with contextlib.suppress(OSError, StenographError), RemoteStore(store) as rs:
-        rs._ask({"op": "flush", "all": True})
+        rs.flush(everyone=True)
