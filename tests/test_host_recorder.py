@@ -121,8 +121,9 @@ def test_a_killed_host_recorder_loses_no_acknowledged_event(tmp_path: Path) -> N
             if p.returncode == 0:  # (it was done before the kill)
                 continue
             assert p.returncode == 7, (n, p.returncode, outs[n][1][-2000:])
-            assert len(lines) == 1 and "host recorder" in lines[0], lines
+            assert len(lines) == 1 and "host recorder" in lines[0], (n, outs[n][1][-3000:])
             assert f"stenograph resume {store} {n}" in lines[0], lines
+            assert "Traceback" not in outs[n][1], (n, outs[n][1][-3000:])  # told nothing
         intents = {(e.traj, e.body.get("body")) for e in StoreReader(store).events()
                    if e.kind == "ToolIntent"}
         durable = {(t, json.loads(b)["amount"]) for t, b in intents if isinstance(b, bytes)}

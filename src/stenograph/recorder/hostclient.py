@@ -63,6 +63,7 @@ class RemoteStore:
         self._ids = itertools.count(1)
         self._lost: StenographError | None = None
         self._closing = False
+        self._lose_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, name="steno-host-client",
                                         daemon=True)
         self._reader.start()
@@ -188,25 +189,31 @@ class RemoteStore:
                     wait.done.set()
 
     def _lose(self, doc: dict[str, Any] | None) -> None:
-        if self._lost is not None or self._closing:
-            return
-        if doc is not None and doc.get("fenced"):
-            self._lost = StoreFenced(str(doc["error"]), str(self.path))
-        elif doc is not None:
-            self._lost = HostRecorderLost(f"the host recorder refused this recording: "
-                                          f"{doc['error']}", str(self.path))
-        else:
-            self._lost = HostRecorderLost(
-                f"the host recorder of this store (pid {getattr(self, 'server_pid', '?')}) "
-                "stopped: what it acknowledged is durable, this recording stopped there",
-                str(self.path))
+        """The connection ended unasked. ``on_lost`` runs before any waiting call is
+        released: a recording stops its program first, so no thread of it is told its
+        write failed (a refused intent, say) and acts on that before the stop. A second
+        caller waits for the first (the lock), so it returns with ``_lost`` set."""
+        with self._lose_lock:
+            if self._lost is not None or self._closing:
+                return
+            if doc is not None and doc.get("fenced"):
+                lost: StenographError = StoreFenced(str(doc["error"]), str(self.path))
+            elif doc is not None:
+                lost = HostRecorderLost(f"the host recorder refused this recording: "
+                                        f"{doc['error']}", str(self.path))
+            else:
+                lost = HostRecorderLost(
+                    f"the host recorder of this store (pid "
+                    f"{getattr(self, 'server_pid', '?')}) stopped: what it acknowledged is "
+                    "durable, this recording stopped there", str(self.path))
+            if self.on_lost is not None:
+                with contextlib.suppress(Exception):  # (the loss itself is what is reported)
+                    self.on_lost(lost)
+            self._lost = lost
         with self._plock:
             waits = list(self._pending.values())
         for w in waits:
             w.done.set()
-        if self.on_lost is not None:
-            with contextlib.suppress(Exception):  # (the loss itself is what is reported)
-                self.on_lost(self._lost)
 
 
 def connect(store: Path, timeout: float = CONNECT_TIMEOUT) -> socket.socket:
