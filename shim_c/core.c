@@ -391,7 +391,7 @@ static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, 
  * exit records existed waits so at every end of stream). */
 static int g_live_threads = 1; /* taped threads alive in this process (threads.c) */
 static int g_parked;           /* of which at the end of their tape (die_as_recorded) */
-static unsigned g_served;      /* resume: records served so far (live.c: is the prefix moving?) */
+static unsigned g_served;      /* records served so far, any thread (is the replay moving?) */
 static void sched_release(tls_t *t);
 
 /* Replay's small files in the tape directory: TAPE/<name>, or TAPE/<this proc>/<name>. */
@@ -583,17 +583,29 @@ static void await_kill(void) {
 }
 
 /* This process's recording ended by exit while this thread was inside a call (a timed
- * wait, a blocking read: a heartbeat, a progress bar's refresher): the exit stopped it
- * there, before its next record. So it waits here, off the schedule, for the replayed
- * exit to end it; if none comes (the program waits for this thread: a real divergence),
- * it is reported after EXIT_PARK_MS (as long as a diverged tree gets to end by itself,
- * launch.DIVERGED_GRACE). */
+ * wait, a blocking read: a heartbeat, a worker's semaphore): the exit stopped it there,
+ * before its next record. So it waits here, off the schedule, for the replayed exit to
+ * end it. If none comes (the program waits for this thread: a real divergence), it is
+ * reported once the process has served no record for EXIT_PARK_MS (as long as a diverged
+ * tree gets to end by itself, launch.DIVERGED_GRACE). Quiet time, not time parked: a
+ * worker parks at its end as soon as it has started, and a loaded machine took more than
+ * 3 s to bring node's main thread from there to its exit. */
 #define EXIT_PARK_MS 3000
+static int64_t mono_ns(void); /* sched.c */
 static void park_at_exit(tls_t *t) {
     sched_release(t);
-    for (int i = 0; i < EXIT_PARK_MS; i++) {
+    unsigned seen = __atomic_load_n(&g_served, __ATOMIC_RELAXED);
+    int64_t quiet = mono_ns();
+    for (;;) {
         struct timespec ts = {0, 1000 * 1000};
         RS2(SYS_nanosleep, &ts, NULL);
+        unsigned now = __atomic_load_n(&g_served, __ATOMIC_RELAXED);
+        if (now != seen) {
+            seen = now;
+            quiet = mono_ns();
+        } else if (mono_ns() - quiet >= EXIT_PARK_MS * 1000000LL) {
+            return;
+        }
     }
 }
 
@@ -676,7 +688,7 @@ static const unsigned char *serve(tls_t *t, int ch, int op, const void *args, ui
                    (rsite == site || !rsite || !site || g_anysite))) {
             s->off += 8 + n;
             s->pos++;
-            if (UNLIKELY(g_resume)) __atomic_add_fetch(&g_served, 1, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&g_served, 1, __ATOMIC_RELAXED);
             if (UNLIKELY(s->off - s->dropped > STREAM_WINDOW)) stream_release(s);
             if (ch != CH_SIGNAL) t->sigk = 0;
             *plen = n;

@@ -536,7 +536,20 @@ static uint32_t net_epoll_others(int ep, const unsigned char *p, uint32_t n, con
         if (e.conn == NOT_A_CONN) want[left++] = e.data;
     }
     struct epoll_event got[64];
-    for (int tries = 0; left && tries < 1000; tries++) { /* 10 s at most: a divergence */
+    /* Bounded by quiet time on the clock (no record served by any thread), not by tries:
+     * an fd of the set that is ready but not wanted (level-triggered, read later) makes
+     * each wait return at once, and 1000 tries then passed in microseconds on a loaded
+     * machine, before the wanted fd's writer had run at all (a flaky divergence). */
+    int64_t start = mono_ns();
+    unsigned seen = __atomic_load_n(&g_served, __ATOMIC_RELAXED);
+    while (left) {
+        unsigned now = __atomic_load_n(&g_served, __ATOMIC_RELAXED);
+        if (now != seen) { /* the rest of the process is still replaying: not stuck */
+            seen = now;
+            start = mono_ns();
+        }
+        int64_t waited_ms = (mono_ns() - start) / 1000000;
+        if (waited_ms >= NET_OTHERS_WAIT_MS) break; /* a divergence */
         /* a resume that went live meanwhile: the write that makes them ready may be a
          * live thread's, past its prefix (an eventfd the main thread signals after its
          * cut); the recorded events are handed back, the fds read as they are */
@@ -545,14 +558,19 @@ static uint32_t net_epoll_others(int ep, const unsigned char *p, uint32_t n, con
         /* still waiting after LIVE_WAIT_MS in a resumed prefix: the writer is another
          * thread that can only go on live (parked at its cut, or behind this one's turn):
          * the process goes live now, as live.c's wait would */
-        if (UNLIKELY(g_resume) && tries >= LIVE_WAIT_MS / 10) {
+        if (UNLIKELY(g_resume) && waited_ms >= LIVE_WAIT_MS) {
             go_live();
             return 0;
         }
         long r = RS6(SYS_epoll_pwait, ep, got, 64, 10, ss, 8);
+        uint32_t before = left;
         for (long i = 0; i < r; i++)
             for (uint32_t j = 0; j < left; j++)
                 if (want[j] == got[i].data.u64) { want[j] = want[--left]; break; }
+        if (r > 0 && left == before) { /* only fds it does not want: let the writer run */
+            struct timespec ts = {0, 1000 * 1000};
+            RS2(SYS_nanosleep, &ts, NULL);
+        }
     }
     return left;
 }
@@ -611,7 +629,7 @@ static int net_epoll(int ep, struct epoll_event *ev, int max, int timeout, const
     const unsigned char *p = s.p + 16;
     if (net_epoll_others(ep, p, n, ss)) /* its data may name memory of the recorded run */
         net_report(t, -1, "an epoll wait found other fds ready",
-                   "they did not become ready live (10 s)");
+                   "they did not become ready live (" NET_OTHERS_WAIT_S " s)");
     int k = 0;
     spin_lock(&g_nreg_lock);
     for (uint32_t i = 0; i < n && k < max; i++) {

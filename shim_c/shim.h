@@ -131,6 +131,11 @@ static int g_tape_proto = STENO_PROTOCOL;
  * it goes live anyway (live.c), and a replayed wait for another thread's fds before it
  * does the same (netio.c). */
 #define LIVE_WAIT_MS 2000
+/* Replay: how long a wait for fds another thread makes ready (an epoll wait that found
+ * them ready when recorded, netio.c) goes on with no record served before it is a
+ * divergence. */
+#define NET_OTHERS_WAIT_MS 10000
+#define NET_OTHERS_WAIT_S "10"
 /* Seccomp filters already on this process tree (inherited across fork and exec, never
  * removable): "n" once the network rule is in, "t<lo>-<hi>" per trapped text range.
  * Travels to exec'd / spawned children as STENO_FILT. */
