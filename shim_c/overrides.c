@@ -6,6 +6,7 @@
  *   mkstemp*, mkdtemp,     make their names from getrandom() (taped), not from the
  *   mktemp                 getrandom inside libc that no wrapper sees
  *   kill, sched_*, ...     take a pid the program got from the tape: recorded -> live
+ *   close_range, closefrom drop the fd marks, and leave the shim's own fds open
  */
 
 /* A pipe opened again by path (`/proc/self/fd/N`, `/dev/fd/N`: the jobserver crate in
@@ -195,4 +196,45 @@ EXPORT int sched_getparam(pid_t pid, struct sched_param *sp) {
 }
 EXPORT int sched_rr_get_interval(pid_t pid, struct timespec *ts) {
     return (int)sys_ret(RS2(SYS_sched_rr_get_interval, pid_live(pid), ts));
+}
+
+/* close_range, closefrom: CPython's subprocess child closes every fd above 2 before it
+ * execs. The fds closed lose their marks as close() drops them, and the shim's own
+ * connection and arena fd stay open: the child keeps the connection it already has
+ * (closed, it cost a reconnect and an arena announcement on every exec), and exec
+ * closes both anyway (CLOEXEC). A program cannot tell: they are above any fd it made. */
+static void fd_marks_drop(unsigned first, unsigned last) {
+    for (unsigned fd = first; fd <= last && fd < 1024; fd++) {
+        if (UNLIKELY(rfd_is((int)fd))) rfd_set((int)fd, 0);
+        if (UNLIKELY(pfd_is((int)fd))) pfd_set((int)fd, 0);
+        if (UNLIKELY(nfd_is((int)fd)) && (g_nconn[fd].ccall[0] || g_nconn[fd].call[0] ||
+                                          g_nconn[fd].held))
+            net_conn_closed((int)fd, "closed");
+        nfd_clear((int)fd);
+    }
+}
+
+EXPORT int close_range(unsigned first, unsigned last, int flags) {
+    if (!g_mode || (flags & CLOSE_RANGE_CLOEXEC) || first > last)
+        return (int)sys_ret(RS3(SYS_close_range, first, last, flags));
+    fd_marks_drop(first, last);
+    int own[2] = {g_sock, g_ring_fd};
+    if (own[0] > own[1]) { int x = own[0]; own[0] = own[1]; own[1] = x; }
+    unsigned from = first;
+    long r = 0;
+    for (int i = 0; i < 2; i++) {
+        if (own[i] < 0 || (unsigned)own[i] < from || (unsigned)own[i] > last) continue;
+        if ((unsigned)own[i] > from) r = RS3(SYS_close_range, from, (unsigned)own[i] - 1, flags);
+        if (is_err(r)) return (int)sys_ret(r);
+        from = (unsigned)own[i] + 1;
+    }
+    if (from <= last) r = RS3(SYS_close_range, from, last, flags);
+    return (int)sys_ret(r);
+}
+
+EXPORT void closefrom(int lowfd) {
+    if (lowfd < 0) lowfd = 0;
+    if (close_range((unsigned)lowfd, ~0U, 0) == 0 || errno != ENOSYS) return;
+    for (int fd = lowfd; fd < 1024; fd++) /* (no close_range: a kernel before 5.9) */
+        if (fd != g_sock && fd != g_ring_fd) close(fd);
 }

@@ -21,6 +21,7 @@ EXPORT long syscall(long n, ...) {
         case SYS_nanosleep: return nanosleep((const struct timespec *)a, (struct timespec *)b);
         case SYS_sched_yield: return sched_yield();
         case SYS_close: return close((int)a); /* libuv's: the fd marks go with it */
+        case SYS_close_range: return close_range((unsigned)a, (unsigned)b, (int)c);
         case SYS_statx: /* libuv's fs.stat: the meta channel's */
             if (SINCE(5))
                 return statx((int)a, (const char *)b, (int)c, (unsigned)d, (struct statx *)e);

@@ -190,8 +190,9 @@ class ExchangeServer:
             if answer["decision"] == "stop":
                 self.stopped_for = str(answer["reason"])
                 self.stopped_at = {"call_id": call_id, "target": target}
-        self.store.append(self.traj, "Authorized", {"call_id": call_id, **answer},
-                          durable=False)
+        # queued, not waited for: durable with the next sync, which an effect's intent
+        # (after this) makes before the effect leaves
+        self.store.queue(self.traj, "Authorized", {"call_id": call_id, **answer})
         return answer
 
     def _spend(self, entry: dict[str, Any]) -> None:

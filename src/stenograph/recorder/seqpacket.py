@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 Handler = Callable[[socket.socket, bytes], None]
+Quick = Callable[[bytes], bool]
 FdHandler = Callable[[socket.socket, bytes, list[int]], None]
 CloseHandler = Callable[[socket.socket], None]
 
@@ -43,6 +44,12 @@ class SeqpacketServer:
     the connection is then closed, so a client waiting for an acknowledgement fails
     instead of going on as if its message had been kept.
 
+    With ``quick``, the loop looks at (peeks) each waiting message's first ``peek``
+    bytes and handles one that ``quick`` says never waits for anything itself: no hand-off
+    to a worker and back, which cost more than the handling (a process's exit, its arena
+    announced: two per exec). The first message that is not quick goes to a worker with
+    the rest of the connection's queue, as without it.
+
     With ``fd_handler``, a message that carries file descriptors (``SCM_RIGHTS``) goes
     to it instead, with the descriptors (which it owns from then on). ``on_close`` runs
     once a connection has ended, after its last message: for a peer that dies, that
@@ -52,8 +59,11 @@ class SeqpacketServer:
     def __init__(self, path: str | Path, handler: Handler, *, name: str,
                  max_message: int, rcvbuf: int | None = None,
                  stop_on_error: bool = False, fd_handler: FdHandler | None = None,
-                 on_close: CloseHandler | None = None) -> None:
+                 on_close: CloseHandler | None = None, quick: Quick | None = None,
+                 peek: int = 64) -> None:
         self.path = str(path)
+        self._quick = quick
+        self._peek = peek
         self.errors: list[str] = []
         self._handler = handler
         self._max = max_message
@@ -103,7 +113,8 @@ class SeqpacketServer:
                     conn = key.fileobj
                     assert isinstance(conn, socket.socket)
                     self._sel.unregister(conn)
-                    self._pool.submit(self._serve, conn)
+                    if self._quick is None or not self._serve_quick(conn):
+                        self._pool.submit(self._serve, conn)
 
     def _regive(self) -> bool | None:
         """Watch again the connections workers gave back; None once closing is done."""
@@ -133,6 +144,53 @@ class SeqpacketServer:
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"\0")
+
+    def _serve_quick(self, conn: socket.socket) -> bool:
+        """On the loop: handle ``conn``'s waiting messages while they are quick. True when
+        the connection is dealt with (watched again, or ended); False: a worker takes it."""
+        while True:
+            try:
+                head = conn.recv(self._peek, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                with contextlib.suppress(ValueError, KeyError, OSError):
+                    self._sel.register(conn, selectors.EVENT_READ, None)
+                return True
+            except OSError:
+                return False
+            if not head or not self._quick(head):
+                return False  # (an end, too: the worker's path closes it)
+            done = self._serve_one(conn)
+            if done is not True:
+                return done is None
+
+    def _serve_one(self, conn: socket.socket) -> bool | None:
+        """One message off ``conn``, handled: True; False when it could not be read (the
+        worker's loop then sees why); None when the handler failed and that ends the
+        connection (``stop_on_error``: ended here)."""
+        fds: list[int] = []
+        try:
+            if self._fd_handler is None:
+                msg = conn.recv(self._max, socket.MSG_DONTWAIT)
+            else:
+                msg, fds = _recv_fds(conn, self._max, socket.MSG_DONTWAIT)
+        except OSError:
+            return False
+        if not msg:
+            for fd in fds:
+                os.close(fd)
+            return False
+        try:
+            if fds and self._fd_handler is not None:
+                self._fd_handler(conn, msg, fds)
+            else:
+                self._handler(conn, msg)
+        except Exception as exc:
+            with self._lock:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            if self._stop_on_error:
+                self._end(conn)
+                return None
+        return True
 
     # -- a worker
 

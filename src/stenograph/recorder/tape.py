@@ -375,7 +375,8 @@ class RecordSession:
         self._stop = threading.Event()
         self._server = SeqpacketServer(sock_path, self._handle, name="steno-accept",
                                        max_message=MAX_MESSAGE, rcvbuf=4 << 20,
-                                       fd_handler=self._handle_fds, on_close=self._closed)
+                                       fd_handler=self._handle_fds, on_close=self._closed,
+                                       quick=self._quick, peek=HEADER.size + 600)
         self.sock_path = self._server.path
         self.stats.errors = self._server.errors
         self._drainer = threading.Thread(target=self._drain_loop, name="steno-drain",
@@ -383,6 +384,23 @@ class RecordSession:
         self._drainer.start()
 
     # -- messages
+
+    def _quick(self, head: bytes) -> bool:
+        """Handled on the server's loop (``SeqpacketServer``): what only drains a ring and
+        queues appends -- an arena announced, a barrier, a nudge, the exit of a process
+        that runs no exec effect (whose result waits for a sync)."""
+        if len(head) < HEADER.size:
+            return False
+        magic, mtype, _zero, _thread, plen = HEADER.unpack_from(head)
+        if magic != MAGIC:
+            return False
+        if mtype in (MSG_RING, MSG_BARRIER, MSG_NUDGE):
+            return True
+        if mtype != MSG_EXIT or len(head) < HEADER.size + plen:
+            return False
+        proc = head[HEADER.size:HEADER.size + plen].decode("ascii", "replace")
+        with self._lock:
+            return proc not in self._pending
 
     def _parse(self, msg: bytes) -> tuple[int, int, str, bytes]:
         if len(msg) < HEADER.size:
@@ -513,17 +531,16 @@ class RecordSession:
                 head, _, key = head.partition("\t")  # (an Idempotency-Key it carries)
                 if self.redact is not None and head:
                     head = self.redact.text(head)
-                self.store.append(self.traj, "ToolIntent",
+                self.store.queue(self.traj, "ToolIntent",
                                   {"call_id": call_id, "target": target, "channel": "net",
                                    "proc": proc, "epoch": self.epoch,
                                    **({"arguments": head} if head else {}),
                                    **({"idempotency_key": key} if key else {}),
-                                   **({"by": by} if by else {})}, durable=False)
+                                   **({"by": by} if by else {})})
             else:  # every ring drained: a cut, its whole answer before it
                 self.drain_all()
-                self.store.append(self.traj, "ToolResult",
-                                  {"call_id": call_id, "channel": "net", "status": rest},
-                                  durable=False)
+                self.store.queue(self.traj, "ToolResult",
+                                  {"call_id": call_id, "channel": "net", "status": rest})
             self.store.flush()
         except Exception as exc:  # the store refused it: noted, the program goes on
             with self._lock:
@@ -550,9 +567,9 @@ class RecordSession:
         try:
             self._drain(peer.arena)
             if not replayed:  # what the run did, for a person: ``harness/work.py``
-                self.store.append(self.traj, "ProcessStarted",
+                self.store.queue(self.traj, "ProcessStarted",
                                   {"proc": proc, "command": line, "cwd": cwd,
-                                   "at": time.time()}, durable=False)
+                                   "at": time.time()})
             with self._lock:
                 given = self.outputs.pop(proc, None)
             if given is not None:  # settled done with its output: not run
@@ -580,10 +597,10 @@ class RecordSession:
                 answer = 1 if decision == "allow" else 0
             if answer == 1 and effect:
                 self.drain_all()
-                self.store.append(self.traj, "ToolIntent",
+                self.store.queue(self.traj, "ToolIntent",
                                   {"call_id": call_id, "target": f"exec {line}",
                                    "channel": "exec", "proc": proc, "cwd": cwd,
-                                   "epoch": self.epoch}, durable=False)
+                                   "epoch": self.epoch})
                 with self._lock:
                     self._pending[proc] = call_id
                 self.store.flush()  # (only an effect's exec waits for a sync)
@@ -606,10 +623,10 @@ class RecordSession:
         if known.get("decision") in ("approved", "denied"):
             allow = known["decision"] == "approved"
             by = f" by {known['by']}" if known.get("by") else ""
-            self.store.append(self.traj, "Authorized",
+            self.store.queue(self.traj, "Authorized",
                               {"call_id": call_id, "target": target, "approval": True,
                                "decision": "allow" if allow else "deny",
-                               "reason": f"{known['decision']}{by}"}, durable=False)
+                               "reason": f"{known['decision']}{by}"})
             return "allow" if allow else "deny"
         if self.on_hold is None:
             return "deny"  # nobody to ask and nothing to wait in
@@ -626,13 +643,12 @@ class RecordSession:
         effect it ran, if any."""
         with self._lock:
             call_id = self._pending.pop(proc, None)
-        self.store.append(self.traj, "ProcessEnded", {"proc": proc, "status": status,
-                                                      "at": time.time()}, durable=False)
+        self.store.queue(self.traj, "ProcessEnded", {"proc": proc, "status": status,
+                                                      "at": time.time()})
         if call_id is not None:  # every ring drained: a cut, the command over
             self.drain_all()
-            self.store.append(self.traj, "ToolResult",
-                              {"call_id": call_id, "channel": "exec", "status": status},
-                              durable=False)
+            self.store.queue(self.traj, "ToolResult",
+                              {"call_id": call_id, "channel": "exec", "status": status})
             self.store.flush()
 
     def _sync_cut(self, proc: str, thread: int) -> None:
@@ -641,9 +657,8 @@ class RecordSession:
         point the whole tree's tape is consistent at, where a resume may cut
         (``resumes.cut_seq``) -- and the log synced before the process goes on."""
         self.drain_all()
-        self.store.append(self.traj, "TapeChunk",
-                          {"proc": proc, "thread": thread, "data": b"", "cut": True},
-                          durable=False)
+        self.store.queue(self.traj, "TapeChunk",
+                          {"proc": proc, "thread": thread, "data": b"", "cut": True})
         self.store.flush()
 
     # -- draining
