@@ -4,8 +4,11 @@ Exchanges: a program makes N non-streaming and M streaming ``chat.completions`` 
 with the official ``openai`` package against the loopback ``ModelServer`` (started in
 this process) and times them itself with ``time.perf_counter`` (after warm-up calls, so
 imports and connection set-up are not counted). It runs uninstrumented and under
-``stenograph record``; the figures are ms per exchange in each and their ratio. Each
-recorded exchange is durable (fdatasync) before the program sees its response.
+``stenograph record``, and under vcrpy (the peer: ``record_mode="all"``, a cassette of
+every request, written when the loop ends and never synced); the figures are ms per
+exchange in each, and what each adds. A recorded exchange that is not an effect rides
+the next sync (an effect's intent, the group commit's next batch, the run's end); one
+whose call made an effect is durable before the program sees its response.
 
 Demo agent: ``examples/agent.py`` (4 model turns, 3 tools, one shell subprocess)
 run plainly, recorded, and replayed offline with the server stopped; wall times of the
@@ -46,11 +49,17 @@ CLI = [sys.executable, "-m", "stenograph"]
 PY = sys.executable  # the virtualenv's interpreter: the SDKs are installed there
 
 PROGRAM = textwrap.dedent("""
-    import json, sys, time
+    import contextlib, json, sys, time
     from openai import OpenAI
 
     n, s, warm = int(sys.argv[1]), int(sys.argv[2]), 5
+    cassette = sys.argv[3] if len(sys.argv) > 3 else None
     c = OpenAI()
+    if cassette:  # the peer: vcrpy records every request of the timed loops
+        import vcr
+        tape = vcr.VCR(record_mode="all").use_cassette(cassette)
+    else:
+        tape = contextlib.nullcontext()
 
     def call(i, stream=False):
         msgs = [{"role": "user", "content": f"question {i}"}]
@@ -62,14 +71,15 @@ PROGRAM = textwrap.dedent("""
     for i in range(warm):
         call(-i - 1)
         call(-i - 1, stream=True)
-    t0 = time.perf_counter()
-    for i in range(n):
-        call(i)
-    t1 = time.perf_counter()
-    events = 0
-    for i in range(s):
-        events += call(i, stream=True)
-    t2 = time.perf_counter()
+    with tape:
+        t0 = time.perf_counter()
+        for i in range(n):
+            call(i)
+        t1 = time.perf_counter()
+        events = 0
+        for i in range(s):
+            events += call(i, stream=True)
+        t2 = time.perf_counter()
     print(json.dumps({"plain_s": t1 - t0, "stream_s": t2 - t1, "n": n, "s": s,
                       "stream_events": events}))
 """)
@@ -107,12 +117,22 @@ def exchanges(tmp: Path, n: int, s: int) -> dict[str, Any]:
         _, out = _run([*CLI, "record", "-o", str(steno), "--", PY, str(prog), str(n), str(s)],
                       env, tmp)
         rec = _last_json(out)
+        try:
+            import vcr  # noqa: F401  (the peer, installed by `make bench`)
+        except ImportError:
+            vcr_run = None
+        else:
+            _, out = _run([PY, str(prog), str(n), str(s), str(tmp / "cassette.yaml")], env, tmp)
+            vcr_run = _last_json(out)
     ms = {
         "plain_ms": 1000 * plain["plain_s"] / n,
         "record_ms": 1000 * rec["plain_s"] / n,
         "stream_plain_ms": 1000 * plain["stream_s"] / s,
         "stream_record_ms": 1000 * rec["stream_s"] / s,
     }
+    if vcr_run is not None:
+        ms["vcr_ms"] = 1000 * vcr_run["plain_s"] / n
+        ms["stream_vcr_ms"] = 1000 * vcr_run["stream_s"] / s
     return {
         "n": n, "stream_n": s,
         "stream_events_per_call": rec["stream_events"] / s,
@@ -175,13 +195,25 @@ def main() -> int:
     x, d = result["exchanges"], result["demo_agent"]
     t = Table(title=f"HTTP capture: openai chat.completions against the loopback server "
                     f"({os.cpu_count()} cpus)")
-    for col in ("", "uninstrumented ms", "recorded ms", "overhead ms", "ratio"):
+    vcr = "vcr_ms" in x
+    for col in ("", "uninstrumented ms", "recorded ms", "overhead ms", "ratio",
+                *(("vcrpy ms", "vcrpy overhead ms", "overhead vs vcrpy") if vcr else ())):
         t.add_column(col, justify="right")
+
+    def peer(key: str, plain: float, ours: float) -> tuple[str, ...]:
+        if not vcr:
+            return ()
+        added = x[key] - plain
+        return (f"{x[key]:.2f}", f"{added:+.2f}",
+                f"{(ours - plain) / added:.2f}x" if added > 0 else "-")
+
     t.add_row(f"non-streaming (N={x['n']})", f"{x['plain_ms']:.2f}", f"{x['record_ms']:.2f}",
-              f"{x['overhead_ms']:+.2f}", f"{x['ratio']:.2f}x")
+              f"{x['overhead_ms']:+.2f}", f"{x['ratio']:.2f}x",
+              *peer("vcr_ms", x["plain_ms"], x["record_ms"]))
     t.add_row(f"streaming (N={x['stream_n']}, {x['stream_events_per_call']:.0f} events)",
               f"{x['stream_plain_ms']:.2f}", f"{x['stream_record_ms']:.2f}",
-              f"{x['stream_overhead_ms']:+.2f}", f"{x['stream_ratio']:.2f}x")
+              f"{x['stream_overhead_ms']:+.2f}", f"{x['stream_ratio']:.2f}x",
+              *peer("stream_vcr_ms", x["stream_plain_ms"], x["stream_record_ms"]))
     u = Table(title=f"examples/agent.py, whole commands, median of {d['reps']}")
     for col in ("plain s", "record s", "replay s", "record/plain", "replay/record",
                 "stdout identical"):

@@ -13,9 +13,11 @@ bootstrap turns it off), and a collection runs at
 every exchange a Python hook puts on the tape: the same points of the program in record
 and replay. It runs with the tape paused, because the garbage differs (a live
 connection's objects exist only in record) and what their finalizers do must not land
-on the tape. Generations follow CPython's own ratio: the young one at every exchange,
-the middle one every 10th, all of them every 100th. A program that calls
-``gc.enable()`` itself gets automatic collections back, and with them this
+on the tape. The young generation is collected at every exchange, the middle one every
+10th, all of them every 1000th: CPython itself collects the oldest only once it has
+grown by a quarter, and a whole collection of an SDK's heap (60 ms here, under the
+openai package) every 100th exchange was most of what recording one cost. A program
+that calls ``gc.enable()`` itself gets automatic collections back, and with them this
 nondeterminism (docs/determinism.md).
 """
 
@@ -24,6 +26,9 @@ from __future__ import annotations
 import gc
 import threading
 from typing import Any
+
+FULL_EVERY = 1000
+"""Exchanges between two collections of every generation."""
 
 _lock = threading.Lock()
 _exchanges = 0
@@ -35,6 +40,6 @@ def at_exchange(shim: Any) -> None:
     with _lock:
         _exchanges += 1
         n = _exchanges
-    gen = 2 if n % 100 == 0 else 1 if n % 10 == 0 else 0
+    gen = 2 if n % FULL_EVERY == 0 else 1 if n % 10 == 0 else 0
     with shim.paused():
         gc.collect(gen)

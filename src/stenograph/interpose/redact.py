@@ -243,22 +243,33 @@ class RedactionRules:
 
     def learn_shapes(self, value: Any) -> None:
         """Remember every known key shape in ``value`` (nested; raw or encoded), so that
-        ``scrub`` removes it, and its encodings, from everything written."""
-        if isinstance(value, str | bytes):
-            if not self.shapes or len(value) < MIN_SECRET:
-                return
-            if len(value) >= _MEMO_MIN and any(v is value for v in self._shaped):
-                return
-            for s in self.shapes.found(value):
+        ``scrub`` removes it, and its encodings, from everything written. The strings of
+        ``value`` are looked through as one text: a response holds dozens of short ones,
+        and the shapes' regexes ran over each of them apart."""
+        if not self.shapes:
+            return
+        parts: list[bytes] = []
+        self._gather(value, parts)
+        if parts:
+            for s in self.shapes.found(b"\n".join(parts)):
                 self.learn(s)
+
+    def _gather(self, value: Any, parts: list[bytes]) -> None:
+        if isinstance(value, str | bytes):
+            if len(value) < MIN_SECRET:
+                return
             if len(value) >= _MEMO_MIN:
+                if any(v is value for v in self._shaped):
+                    return
                 self._shaped = [*self._shaped[-(_MEMO - 1):], value]
+            parts.append(value.encode("utf-8", "surrogateescape")
+                         if isinstance(value, str) else value)
         elif isinstance(value, dict):
             for v in value.values():
-                self.learn_shapes(v)
+                self._gather(v, parts)
         elif isinstance(value, list):
             for v in value:
-                self.learn_shapes(v)
+                self._gather(v, parts)
 
     def _rebuild(self) -> None:
         pats: set[bytes] = set()

@@ -114,7 +114,9 @@ class Checkpointer:
             self.errors.append(f"file times at turn {self.turns}: {type(exc).__name__}: {exc}")
             return
         self.times_seconds = time.perf_counter() - t0
-        self.store.append(self.traj, "Checkpoint", {
+        # queued: durable with the next sync (it cost an fdatasync per model turn); a crash
+        # before it leaves a gap the restore names
+        self.store.queue(self.traj, "Checkpoint", {
             "at": "times", "turn": self.turns, "proc": proc, "pos": pos, "times": delta,
             "seconds": round(self.times_seconds, 6)})
 

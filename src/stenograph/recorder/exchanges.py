@@ -2,11 +2,15 @@
 
 Record: ``ExchangeServer`` listens on a unix ``SOCK_SEQPACKET`` socket; every
 message is one finished call (HTTP exchange, model or tool call) as a msgpack
-map. It is appended as an ``Exchange`` event and made durable before the one-byte
-acknowledgement (``ACK``) goes back, so the program never acts on a result the log
-could lose. One the store cannot take (a full disk) gets ``NACK`` instead: the
-program goes on unharmed, and ``lost`` counts it for the run's report
-(``loss_note``). An entry whose body was too large to keep without the blob store
+map. It is appended as an ``Exchange`` event before the one-byte acknowledgement
+(``ACK``) goes back. The answer to a call that made an effect (its ``ToolIntent`` came
+first) is durable by then; any other rides the next sync -- an effect's intent, the
+group commit's next batch, the run's end. No effect leaves before its intent is synced,
+and that sync covers every event appended before it, so nothing the program does that
+the world sees can depend on an answer the log could lose; a crash may lose answers no
+effect depended on, and a resume asks for those again. One the store cannot take (a full
+disk) gets ``NACK`` instead: the program goes on unharmed, and ``lost`` counts it for the
+run's report (``loss_note``). An entry whose body was too large to keep without the blob store
 arrives with that body replaced by a marker (``is_lost_body``); ``bodies_lost``
 counts those.
 
@@ -27,7 +31,7 @@ import msgpack
 
 from stenograph.recorder.blobs import BlobRef, BlobStore, blob_refs
 from stenograph.recorder.codec import Event
-from stenograph.recorder.effects import base_channel
+from stenograph.recorder.effects import base_channel, call_id
 from stenograph.recorder.errors import StenographError
 from stenograph.recorder.seqpacket import SeqpacketServer
 
@@ -104,6 +108,7 @@ class ExchangeServer:
         self.bodies_lost = 0
         """Appended entries with a body recorded only as a marker (``is_lost_body``)."""
         self._lock = threading.Lock()
+        self._effects: set[str] = set()  # call ids whose intent came: their answer is synced
         self._server = SeqpacketServer(sock_path, self._handle, name="steno-exchanges",
                                        max_message=MAX_MESSAGE, stop_on_error=True)
         self.path = self._server.path
@@ -125,7 +130,7 @@ class ExchangeServer:
             if self._before_append is not None:
                 self._before_append()
             body["at"] = time.time()  # when its answer came (``harness/work.py``)
-            lsn = self.store.append(self.traj, "Exchange", body, durable=True)
+            lsn = self.store.append(self.traj, "Exchange", body, durable=self._effect(body))
         except Exception as exc:  # the store refused it (a full disk): say so, go on
             with self._lock:
                 self.lost += 1
@@ -143,6 +148,19 @@ class ExchangeServer:
             self._after_model(str(body.get("proc")), pos if isinstance(pos, int) else -1, lsn)
         conn.sendall(ACK)
 
+    def _effect(self, body: dict[str, Any]) -> bool:
+        """Did this answer's call make an effect (its intent was appended)? Its answer
+        then is what decides whether the effect is settled: synced before the program
+        reads it, or a crash leaves the effect in doubt for a person."""
+        pos = body.get("pos")
+        cid = call_id(str(body.get("proc")), str(body.get("channel")),
+                      pos if isinstance(pos, int) else -1)
+        with self._lock:
+            if cid in self._effects:
+                self._effects.discard(cid)
+                return True
+        return False
+
     def _harness_event(self, kind: str, body: dict[str, Any]) -> None:
         """An event a hook sends (``HARNESS_EVENTS``), durable before the ACK: its own
         preparation first (the checkpoint before an effect or a pause), every ring
@@ -156,6 +174,9 @@ class ExchangeServer:
         if self._before_append is not None:
             self._before_append()
         fields = {k: v for k, v in body.items() if k != "kind"}
+        if kind == "ToolIntent":
+            with self._lock:
+                self._effects.add(str(fields.get("call_id")))
         if kind == "ContextBuilt":  # when the model call began (``harness/work.py``)
             fields["at"] = time.time()
         if kind == "Stop":  # the program stops itself (a resume refusing drift)

@@ -1,5 +1,5 @@
-"""Which command lines are effects (``recorder/commands.py``): the globs are matched as
-one compiled pattern, and that must say what ``fnmatch`` says of each glob alone."""
+"""Globs compiled once (commands that are effects, ``recorder/commands.py``; the workspace's
+ignore rules, ``recorder/snapshots.py``) must say what ``fnmatch`` says of each alone."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import fnmatch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from scale import examples
+
 from stenograph.recorder.commands import DEFAULT_EFFECTS, Commands
+from stenograph.recorder.snapshots import IgnoreRules
 
 ALPHABET = st.sampled_from(list("ab -*?[]!.|()\\^$+{}\n"))
 GLOB = st.text(ALPHABET, max_size=8)
@@ -37,3 +38,24 @@ def test_the_defaults() -> None:
     assert not c.is_effect_connection("tcp 10.0.0.1:53")
     assert c.is_effect_connection("tcp 10.0.0.1:5432")
     assert len(DEFAULT_EFFECTS) > 50
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(patterns=st.lists(st.text(st.sampled_from(list("ab/*?.[]!")), min_size=1, max_size=6),
+                         max_size=6),
+       rel=st.text(st.sampled_from(list("ab/.")), min_size=1, max_size=8), is_dir=st.booleans())
+def test_ignore_rules_compiled_say_what_each_pattern_says(patterns: list[str], rel: str,
+                                                          is_dir: bool) -> None:
+    """The workspace's ignore rules (``snapshots.IgnoreRules``), compiled into one pattern
+    per kind, against the rule as written: a pattern with a ``/`` inside matches the
+    path from the root, one without any name; a trailing ``/`` only directories."""
+    name = rel.rsplit("/", 1)[-1]
+    want = False
+    for pat in patterns:
+        p = pat.rstrip("/")
+        if pat.endswith("/") and not is_dir:
+            continue
+        if ("/" in p and fnmatch.fnmatchcase(rel, p.lstrip("/"))) or (
+                "/" not in p and fnmatch.fnmatchcase(name, p)):
+            want = True
+    assert IgnoreRules(tuple(patterns)).ignored(rel, is_dir) == want
