@@ -66,7 +66,7 @@ bench: $(STAMP) $(USTAMP)
 	     (apt-get update >/dev/null && apt-get install -y faketime >/dev/null))
 	$(BIN)/python bench/shim.py
 	$(BIN)/python bench/agent_run.py
-	$(BIN)/pip install -q 'vcrpy>=7,<9' && $(BIN)/python bench/http_capture.py
+	$(BIN)/pip install -q 'vcrpy>=7,<10' && $(BIN)/python bench/http_capture.py
 	$(BIN)/python bench/mcp_session.py
 	$(BIN)/python bench/toolbox.py
 	$(BIN)/python bench/redact.py
