@@ -37,6 +37,13 @@ from urllib.parse import parse_qs, urlsplit
 from stenograph.fencing import HEADER, Gate
 
 
+class _Server(ThreadingHTTPServer):
+    """A listen queue for a fleet: 64 agents paying at once overflowed the default of 5,
+    and the kernel reset the connections it could not queue."""
+
+    request_queue_size = 512
+
+
 class Drop(Exception):
     """Raised by an ``on_effect`` hook: the request is dropped unanswered, not applied
     (a crash injected between the intent and the effect)."""
@@ -69,7 +76,7 @@ class EffectService:
         self.after_answer: Any = None
         """Called as ``after_answer(path, headers)`` once a mutating request's answer has
         been written (a crash after the effect's answer left)."""
-        self._httpd = ThreadingHTTPServer((host, port), _handler(self))
+        self._httpd = _Server((host, port), _handler(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
