@@ -32,7 +32,7 @@ LAZY = {
     "record": "record", "replay": "replay", "bisect": "bisect", "checkpoint": "checkpoint",
     "resume": "resume", "regress": "regress", "status": "status", "settle": "status",
     "approve": "status", "deny": "status", "deliver": "status", "show": "show",
-    "view": "view", "diff": "diff", "fork": "fork", "serve": "serve",
+    "view": "view", "diff": "diff", "fork": "fork", "serve": "serve", "ship": "ship",
 }
 """Commands that live in their own modules: ``stenograph.cli.<module>.<command>``."""
 

@@ -112,12 +112,13 @@ class RemoteStore:
         self.flush()
         return list(StoreReader(self.path).events(traj=traj, from_lsn=from_lsn))
 
-    def close(self) -> None:
-        """Make what was sent durable, then let go."""
+    def close(self, *, flush: bool = True) -> None:
+        """Make what was sent durable (unless ``flush`` is False: a reader that sent
+        nothing, asking only how far the log is synced), then let go."""
         if self._closing:
             return
         try:
-            if self._lost is None:
+            if self._lost is None and flush:
                 self.flush()
         finally:
             self._closing = True
@@ -227,6 +228,21 @@ def connect(store: Path, timeout: float = CONNECT_TIMEOUT) -> socket.socket:
         raise
     sock.settimeout(None)
     return sock
+
+
+def synced_lsn(store: Path) -> int | None:
+    """How far ``store``'s log is synced, as its host recorder says; None when none
+    serves it (then no writer is at work, and what a reader reads is all there is)."""
+    try:
+        rs = RemoteStore(store)
+    except (OSError, StenographError):
+        return None
+    try:
+        return rs.synced_lsn
+    except (OSError, StenographError):
+        return None
+    finally:
+        rs.close(flush=False)
 
 
 def serving(store: Path) -> bool:

@@ -89,6 +89,14 @@ def check_store(path: Path) -> None:
         )
 
 
+def _first_lsn(seg: Path) -> int:
+    """The first LSN of segment ``seg`` (its header), or 0 if it cannot be read."""
+    try:
+        return read_header(map_file(seg), str(seg), WAL_MAGIC).first_lsn
+    except (OSError, CorruptLog, ValueError):
+        return 0
+
+
 class StoreReader:
     """Iterate a store's events in LSN order, checking frames and continuity."""
 
@@ -108,22 +116,30 @@ class StoreReader:
         """Every event (of ``traj``, from ``from_lsn``), in LSN order. ``lazy_tape``: a
         large ``TapeChunk``'s records are read again from the segment when used
         (``segment.lazy_chunk``)."""
-        for seg, off, size, ev in self.frames():
+        for seg, off, size, ev in self.frames(skip_before=from_lsn):
             if isinstance(ev, Event) and ev.lsn >= from_lsn and (traj is None or ev.traj == traj):
                 yield lazy_chunk(ev, str(seg), off, size, self._versions[seg]) \
                     if lazy_tape else ev
 
-    def frames(self) -> Iterator[tuple[Path, int, int, Event | int]]:
-        """Every frame with its segment, offset and size; markers are ints."""
+    def frames(self, *, skip_before: int = 0) -> Iterator[tuple[Path, int, int, Event | int]]:
+        """Every frame with its segment, offset and size; markers are ints.
+        ``skip_before``: segments whose events all come before that LSN are not read (a
+        shipper's cursor); a trajectory first met after them starts where it is met."""
         expect_lsn: int | None = None
         expect_number: int | None = None
         seq_of: dict[str, tuple[int, int]] = {}
+        partial = False
         for i, seg in enumerate(self.segments):
             last = i == len(self.segments) - 1
+            if skip_before and not last and _first_lsn(self.segments[i + 1]) <= skip_before:
+                partial = True
+                continue
             buf = map_file(seg)
             name = str(seg)
             header = read_header(buf, name, WAL_MAGIC)
             self._versions[seg] = header.version
+            if partial and expect_number is None:  # (the first segment read)
+                expect_number, expect_lsn = header.number, header.first_lsn
             if expect_number is not None and header.number != expect_number:
                 raise CorruptLog(f"segment number {header.number}, expected {expect_number}",
                                  name, 0)
@@ -145,6 +161,8 @@ class StoreReader:
                         raise CorruptLog(f"lsn {item.lsn} where {expect_lsn} was expected",
                                          name, off)
                     prev_seq, prev_lsn = seq_of.get(item.traj, (-1, None))
+                    if partial and item.traj not in seq_of:
+                        prev_seq, prev_lsn = item.seq - 1, item.prev
                     if item.seq != prev_seq + 1 or item.prev != prev_lsn:
                         raise CorruptLog(
                             f"trajectory {item.traj!r}: seq {item.seq}/prev {item.prev} does not "

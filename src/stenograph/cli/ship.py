@@ -1,0 +1,80 @@
+"""``stenograph ship``: copy a store's committed events into the warm tier
+(``warm/ship.py``)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+@click.command("ship")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--to", "url", metavar="URL", envvar="STENO_DB",
+              help="The warm tier: a postgresql:// URL (default: $STENO_DB).")
+@click.option("--once", is_flag=True,
+              help="Ship what is committed now, then exit (default: keep following).")
+@click.option("--every", type=click.FloatRange(0.05), default=0.5, show_default=True,
+              metavar="SECONDS", help="How often a following shipper looks for more.")
+@click.option("--batch", type=click.IntRange(1, 100_000), default=2000, show_default=True,
+              help="Events per transaction.")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --once: one JSON document (events, cursor, committed, lag).")
+def ship(store: Path, url: str | None, once: bool, every: float, batch: int,
+         as_json: bool) -> None:
+    """Copy STORE's committed events into PostgreSQL, where every host's runs meet.
+
+    Only what the store has committed leaves it. Each batch is one transaction: COPY into
+    a staging table, INSERT ... ON CONFLICT (trajectory_id, seq) DO NOTHING, and the
+    store's cursor (the last LSN shipped, kept in PostgreSQL). A shipper killed anywhere
+    ships its last batch again and nothing twice. The tables (steno_trajectories,
+    steno_events partitioned by month, steno_cursors, steno_approvals, the steno_effects
+    view) are made on first use; docs/fleet.md describes them.
+
+    \b
+      stenograph ship runs/ --to postgresql://steno@db.internal/steno
+      stenograph ship runs/ --once --json       # with STENO_DB set
+    """
+    from stenograph.recorder.errors import BadInput
+    from stenograph.recorder.reader import check_store
+    from stenograph.warm.ship import Shipped, Shipper
+
+    if not url:
+        raise BadInput("no warm tier: give --to postgresql://... (or set STENO_DB)", "ship")
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise BadInput("--to wants a postgresql:// URL", url)
+    if as_json and not once:
+        raise BadInput("--json goes with --once (a following shipper prints a line per "
+                       "pass)", "ship")
+    check_store(store)
+
+    def say(s: Shipped) -> None:
+        if not as_json:
+            click.echo(f"stenograph: shipped {s.events} event(s) of "
+                       f"{len(s.trajectories)} trajector(y/ies) up to lsn {s.cursor}; "
+                       f"lag {s.lag}", err=True)
+
+    with Shipper(store, url, batch=batch) as shipper:
+        if once:
+            got = shipper.ship()
+            if as_json:
+                click.echo(json.dumps({"store": str(store), **got.to_json()}))
+            else:
+                say(got)
+            return
+        done = threading.Event()
+
+        def stop(*_: Any) -> None:
+            done.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        click.echo(f"stenograph: shipping {store} (every {every} s; Ctrl-C stops)", err=True)
+        total = shipper.follow(every=every, stop=done.is_set,
+                               progress=lambda s: say(s) if s.events else None)
+        click.echo(f"stenograph: stopped: {total.events} event(s) shipped, cursor at lsn "
+                   f"{total.cursor}, lag {total.lag}", err=True)

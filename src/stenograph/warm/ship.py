@@ -1,0 +1,369 @@
+"""Ship a store's committed events to the warm tier (PostgreSQL), restart-safe.
+
+A ``Shipper`` reads the store from its cursor -- the last LSN shipped, kept in
+PostgreSQL (``steno_cursors``) -- up to what is committed (the host recorder's synced
+LSN; with no host recorder at work, what the store holds), and copies it in batches:
+``COPY`` into a staging table, ``INSERT ... ON CONFLICT DO NOTHING`` into
+``steno_events``, the trajectories' rows, the approvals, and the cursor, in one
+transaction. A shipper killed anywhere ships its last batch again; the conflict rule
+drops what was already there: no duplicate and no gap.
+
+Only committed events leave: an event a crash could still take from the store must not
+be in PostgreSQL, or the store would write another event under its ``(trajectory, seq)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stenograph.recorder.codec import Event, jsonable, pack_body
+from stenograph.recorder.errors import BadInput, StenographError
+from stenograph.recorder.hostclient import synced_lsn
+from stenograph.recorder.reader import STORE_MARKER, StoreReader, read_salt
+from stenograph.warm import schema
+
+BATCH = 2000
+"""Events per transaction."""
+
+
+class WarmTierError(StenographError):
+    """PostgreSQL refused the shipment, or cannot be reached (exit 7: what was shipped
+    stays, the cursor says how far; the next ``ship`` goes on from there)."""
+
+    exit_code = 7
+
+
+def store_id(store: Path) -> str:
+    """A store's name in the warm tier: derived from its salt (random at creation), so
+    the same store keeps its name wherever it is mounted, and the salt itself stays
+    local."""
+    salt = read_salt(store)
+    if salt is None:  # (a store made before salts: its path on this host)
+        salt = f"{socket.gethostname()}:{store.resolve()}".encode()
+    return hashlib.sha256(b"stenograph store id\0" + salt).hexdigest()[:32]
+
+
+@dataclass
+class Shipped:
+    """What one pass shipped, and how far behind the store the warm tier is."""
+
+    events: int = 0
+    batches: int = 0
+    cursor: int = 0
+    """The last LSN shipped."""
+    committed: int = 0
+    """The last LSN committed in the store when the pass ended."""
+    seconds: float = 0.0
+    trajectories: set[str] = field(default_factory=set)
+
+    @property
+    def lag(self) -> int:
+        """Committed events not shipped yet."""
+        return max(0, self.committed - self.cursor)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"events": self.events, "batches": self.batches, "cursor": self.cursor,
+                "committed": self.committed, "lag": self.lag,
+                "seconds": round(self.seconds, 3),
+                "trajectories": sorted(self.trajectories)}
+
+
+@dataclass
+class _Traj:
+    started_at: dt.datetime
+    run_sha256: str
+
+
+class Shipper:
+    """Ship ``store`` into the database at ``url`` (a ``postgresql://`` URL)."""
+
+    def __init__(self, store: Path, url: str, *, batch: int = BATCH,
+                 host: str | None = None,
+                 committed: Callable[[], int | None] | None = None) -> None:
+        if not (store / STORE_MARKER).exists():
+            raise BadInput("not a stenograph store", str(store))
+        self.store = store
+        self.url = url
+        self.batch = batch
+        self.host = host or socket.gethostname()
+        self.id = store_id(store)
+        self._conn: Any = None
+        self._trajs: dict[str, _Traj] = {}
+        self._committed = committed
+
+    # -- the database
+
+    def connect(self) -> None:
+        """Connect and create the schema if it is not there (under an advisory lock:
+        two shippers starting at once do not race on the DDL)."""
+        try:
+            import psycopg
+        except ImportError:
+            raise BadInput("ship needs psycopg 3: pip install 'stenograph[fleet]'",
+                           self.url) from None
+        try:
+            self._conn = psycopg.connect(self.url, connect_timeout=10, autocommit=True)
+        except psycopg.Error as exc:
+            raise WarmTierError(f"cannot reach the warm tier: {_first_line(exc)}",
+                                _safe_url(self.url)) from None
+        with self._tx() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext('stenograph schema'))")
+            cur.execute(schema.DDL)
+            cur.execute("SELECT version FROM steno_schema")
+            row = cur.fetchone()
+            if row is None:
+                cur.execute("INSERT INTO steno_schema VALUES (%s)", (schema.SCHEMA_VERSION,))
+            elif row[0] > schema.SCHEMA_VERSION:
+                raise WarmTierError(f"the warm tier's schema is version {row[0]}; this "
+                                    f"stenograph knows {schema.SCHEMA_VERSION}",
+                                    _safe_url(self.url))
+            cur.execute("INSERT INTO steno_cursors (store_id, host, path, lsn) "
+                        "VALUES (%s, %s, %s, 0) ON CONFLICT (store_id) DO NOTHING",
+                        (self.id, self.host, str(self.store.resolve())))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Shipper:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def cursor(self) -> int:
+        with self._tx() as cur:
+            cur.execute("SELECT lsn FROM steno_cursors WHERE store_id = %s", (self.id,))
+            row = cur.fetchone()
+        return int(row[0]) if row else 0
+
+    # -- shipping
+
+    def committed(self) -> int | None:
+        """The store's last committed LSN (None: no host recorder, all that is there).
+        Asked of the host recorder over its socket, or, inside it (``serve --ship``), of
+        its store."""
+        return self._committed() if self._committed is not None else synced_lsn(self.store)
+
+    def ship(self, *, progress: Callable[[Shipped], None] | None = None,
+             limit: int | None = None) -> Shipped:
+        """One pass: everything committed from the cursor on, in batches."""
+        t0 = time.monotonic()
+        out = Shipped(cursor=self.cursor())
+        upto = self.committed()
+        batch: list[Event] = []
+        last_lsn = out.cursor
+        for ev in self._events(out.cursor + 1, upto):
+            batch.append(ev)
+            last_lsn = ev.lsn
+            if len(batch) >= self.batch:
+                self._ship_batch(batch, out)
+                batch = []
+                if progress is not None:
+                    progress(out)
+                if limit is not None and out.events >= limit:
+                    break
+        if batch:
+            self._ship_batch(batch, out)
+            if progress is not None:
+                progress(out)
+        out.committed = upto if upto is not None else max(last_lsn, out.cursor)
+        out.seconds = time.monotonic() - t0
+        return out
+
+    def follow(self, *, every: float = 0.5, stop: Callable[[], bool] = lambda: False,
+               progress: Callable[[Shipped], None] | None = None) -> Shipped:
+        """Ship, then ship what has been committed since, every ``every`` seconds, until
+        ``stop()`` says so."""
+        total = Shipped()
+        while True:
+            got = self.ship(progress=progress)
+            total.events += got.events
+            total.batches += got.batches
+            total.trajectories |= got.trajectories
+            total.cursor, total.committed = got.cursor, got.committed
+            total.seconds += got.seconds
+            if stop():
+                return total
+            if not got.events:
+                time.sleep(every)
+
+    def _events(self, from_lsn: int, upto: int | None) -> Iterator[Event]:
+        for ev in StoreReader(self.store).events(from_lsn=from_lsn):
+            if upto is not None and ev.lsn > upto:
+                return
+            yield ev
+
+    def _ship_batch(self, events: list[Event], out: Shipped) -> None:
+        import psycopg
+        from psycopg.types.json import Jsonb
+
+        trajs = self._learn(events)
+        rows = []
+        for ev in events:
+            raw = pack_body(ev.body)
+            body: Any = None
+            if ev.kind != "TapeChunk":
+                text = json.dumps(jsonable(ev.body))
+                if "\\u0000" not in text:  # (jsonb cannot hold NUL)
+                    body = Jsonb(jsonable(ev.body))
+            rows.append((ev.traj, ev.seq, trajs[ev.traj].started_at, ev.lsn, self.id, ev.kind,
+                         body, raw if len(raw) <= schema.BODY_INLINE_MAX else None,
+                         hashlib.sha256(raw).hexdigest(), len(raw)))
+        try:
+            with self._tx() as cur:
+                cur.execute("SELECT lsn FROM steno_cursors WHERE store_id = %s FOR UPDATE",
+                            (self.id,))
+                for month in {r[2].date().replace(day=1) for r in rows}:
+                    cur.execute(schema.partition_ddl(month))
+                cur.execute(schema.STAGE)
+                with cur.copy(schema.COPY_STAGE) as copy:
+                    copy.set_types(["text", "int8", "timestamptz", "int8", "text", "text",
+                                    "jsonb", "bytea", "text", "int4"])
+                    for r in rows:
+                        copy.write_row(r)
+                cur.execute(schema.MOVE_STAGE)
+                self._trajectories(cur, events, trajs)
+                self._approvals(cur, events)
+                cur.execute("UPDATE steno_cursors SET lsn = GREATEST(lsn, %s), "
+                            "shipped = shipped + %s, updated_at = now(), host = %s "
+                            "WHERE store_id = %s",
+                            (events[-1].lsn, len(events), self.host, self.id))
+        except psycopg.Error as exc:
+            raise WarmTierError(f"the warm tier refused a batch: {_first_line(exc)}",
+                                _safe_url(self.url)) from None
+        out.events += len(events)
+        out.batches += 1
+        out.cursor = events[-1].lsn
+        out.trajectories |= {ev.traj for ev in events}
+
+    def _learn(self, events: list[Event]) -> dict[str, _Traj]:
+        """Each trajectory's start (its partition) and the hash of its ``RunStarted``:
+        from the batch, else from the warm tier (shipped before), else now (a log that
+        does not begin with a run)."""
+        for ev in events:
+            if ev.seq == 0 and ev.traj not in self._trajs:
+                started = ev.body.get("started") if ev.kind == "RunStarted" else None
+                at = (dt.datetime.fromtimestamp(float(started), dt.UTC)
+                      if isinstance(started, int | float) else _now())
+                self._trajs[ev.traj] = _Traj(at, hashlib.sha256(pack_body(ev.body)).hexdigest())
+        unknown = sorted({ev.traj for ev in events} - set(self._trajs))
+        if unknown:
+            with self._tx() as cur:
+                cur.execute("SELECT trajectory_id, started_at, run_sha256 FROM "
+                            "steno_trajectories WHERE trajectory_id = ANY(%s)", (unknown,))
+                for tid, at, sha in cur.fetchall():
+                    self._trajs[tid] = _Traj(at, sha)
+            for tid in unknown:
+                self._trajs.setdefault(tid, _Traj(_now(), ""))
+        return self._trajs
+
+    def _trajectories(self, cur: Any, events: list[Event], trajs: dict[str, _Traj]) -> None:
+        """Each trajectory's row: made at its first batch, moved on at every batch. A
+        trajectory of the same name that another run started is refused, not mixed in."""
+        last: dict[str, Event] = {}
+        for ev in events:
+            last[ev.traj] = ev
+        for tid, ev in last.items():
+            t = trajs[tid]
+            first = next((e for e in events if e.traj == tid and e.seq == 0), None)
+            labels = first.body.get("labels") if first is not None and isinstance(
+                first.body.get("labels"), dict) else {}
+            cur.execute(
+                "INSERT INTO steno_trajectories (trajectory_id, store_id, host, started_at, "
+                "run_sha256, labels) VALUES (%s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (trajectory_id) DO NOTHING",
+                (tid, self.id, self.host, t.started_at, t.run_sha256, json.dumps(labels)))
+            cur.execute("SELECT run_sha256 FROM steno_trajectories WHERE trajectory_id = %s",
+                        (tid,))
+            row = cur.fetchone()
+            if row and t.run_sha256 and row[0] and row[0] != t.run_sha256:
+                raise BadInput(f"trajectory {tid} in the warm tier is another run (started "
+                               "elsewhere under the same name): ship refuses to mix them; "
+                               "record it under another --traj", str(self.store))
+            ended = any(e.traj == tid and e.kind == "RunEnded" for e in events)
+            cur.execute(
+                "UPDATE steno_trajectories SET last_seq = GREATEST(last_seq, %s), "
+                "last_kind = %s, store_id = %s, host = %s, updated_at = now(), "
+                "state = CASE WHEN %s THEN 'ended' ELSE state END "
+                "WHERE trajectory_id = %s",
+                (ev.seq, ev.kind, self.id, self.host, ended, tid))
+
+    @staticmethod
+    def _approvals(cur: Any, events: list[Event]) -> None:
+        for ev in events:
+            b = ev.body
+            if ev.kind == "ApprovalRequested":
+                cur.execute(
+                    "INSERT INTO steno_approvals (trajectory_id, call_id, requested_at, call, "
+                    "summary) VALUES (%s, %s, to_timestamp(%s), %s, %s) "
+                    "ON CONFLICT (trajectory_id, call_id) DO NOTHING",
+                    (ev.traj, str(b.get("call_id")), _epoch(b.get("requested_at")),
+                     _text(b.get("call")), _text(b.get("summary"))))
+            elif ev.kind == "ApprovalResolved":
+                cur.execute(
+                    "INSERT INTO steno_approvals (trajectory_id, call_id, decision, "
+                    "decided_by, decided_at) VALUES (%s, %s, %s, %s, to_timestamp(%s)) "
+                    "ON CONFLICT (trajectory_id, call_id) DO UPDATE SET "
+                    "decision = excluded.decision, decided_by = excluded.decided_by, "
+                    "decided_at = excluded.decided_at",
+                    (ev.traj, str(b.get("call_id")), _text(b.get("decision")),
+                     _text(b.get("by")), _epoch(b.get("at"))))
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[Any]:
+        """A cursor inside one transaction: committed on leaving, rolled back on an
+        error."""
+        assert self._conn is not None, "connect() first"
+        with self._conn.transaction(), self._conn.cursor() as cur:
+            yield cur
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _epoch(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) else None
+
+
+def _text(v: Any) -> str | None:
+    if v is None:
+        return None
+    return v if isinstance(v, str) else json.dumps(jsonable(v))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        p = urlsplit(url)
+    except ValueError:
+        return "the warm tier"
+    if p.password:
+        netloc = p.netloc.replace(f":{p.password}@", ":***@")
+        return urlunsplit(p._replace(netloc=netloc))
+    return url
+
+
+def default_url() -> str | None:
+    """``STENO_DB`` (or ``DATABASE_URL``) when no URL is given."""
+    return os.environ.get("STENO_DB") or os.environ.get("DATABASE_URL")
+

@@ -1,0 +1,252 @@
+"""Ship to the warm tier (issue "A fleet of hosts", its first part): ``stenograph ship``
+copies a store's committed events into a real PostgreSQL 15 cluster (Debian's package,
+started here on a free port) and the tables then equal the store.
+
+Real parts throughout: stores written by real recordings and by the store's own writer
+(with its fdatasync), the shipper as a real process killed with SIGKILL mid-batch, the
+host recorder serving a store while it is shipped (``serve --ship``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stenograph.recorder.codec import pack_body
+from stenograph.recorder.reader import StoreReader
+from stenograph.recorder.store import Store
+from stenograph.testing.effect_service import EffectService
+from stenograph.testing.postgres import cluster, installed
+
+CLI = [sys.executable, "-m", "stenograph"]
+PY = os.path.realpath(sys.executable)
+KILLS = int(os.environ.get("STENO_SHIP_KILLS", "6"))
+"""Shipper kills mid-batch (``make soak``: 60)."""
+
+pytestmark = pytest.mark.skipif(not installed(), reason="PostgreSQL 15 is not installed")
+
+AGENT = """
+import sys, requests
+url = sys.argv[1]
+for i in range(3):
+    print(requests.post(url + "/payments", json={"amount": i, "to": "acct"}).json()["id"])
+"""
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[int]:
+    """A private cluster (in /tmp: its server runs as ``postgres``, which cannot reach
+    pytest's root-only directories); fsync off: these tests kill shippers, not it."""
+    base = Path(tempfile.mkdtemp(prefix="steno-pg-"))
+    try:
+        with cluster(base, options="-c fsync=off") as port:
+            yield port
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _url(port: int, db: str) -> str:
+    return f"postgresql://postgres@127.0.0.1:{port}/{db}"
+
+
+@pytest.fixture()
+def db(pg: int, request: pytest.FixtureRequest) -> str:
+    """A database of its own per test (the schema made by ``ship`` itself)."""
+    name = "t_" + hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]
+    _psql(pg, "postgres", f"DROP DATABASE IF EXISTS {name}")
+    _psql(pg, "postgres", f"CREATE DATABASE {name}")
+    return _url(pg, name)
+
+
+def _psql(port: int, dbname: str, sql: str) -> list[list[str]]:
+    out = subprocess.run(["psql", "-X", "-At", "-F", "\t", "-v", "ON_ERROR_STOP=1", "-h",
+                          "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", dbname, "-c",
+                          sql], capture_output=True, text=True, check=True, timeout=60)
+    return [ln.split("\t") for ln in out.stdout.splitlines() if ln]
+
+
+def _q(url: str, sql: str) -> list[list[str]]:
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    return _psql(port, url.rsplit("/", 1)[1], sql)
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
+
+
+def _ship(store: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "ship", str(store), "--to", url, *extra], env=_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _table_equals_store(store: Path, url: str) -> int:
+    """Every event of the store once in ``steno_events``, with its LSN, kind and the
+    hash of its body; nothing else there. Returns the count."""
+    want = {(e.traj, e.seq): (e.lsn, e.kind, hashlib.sha256(pack_body(e.body)).hexdigest())
+            for e in StoreReader(store).events()}
+    rows = _q(url, "SELECT trajectory_id, seq, lsn, kind, raw_sha256 FROM steno_events")
+    got = {(t, int(s)): (int(lsn), k, h) for t, s, lsn, k, h in rows}
+    assert len(rows) == len(got), "a (trajectory, seq) shipped twice"
+    missing = sorted(set(want) - set(got))[:5]
+    extra = sorted(set(got) - set(want))[:5]
+    assert not missing and not extra, (missing, extra)
+    assert got == want
+    return len(want)
+
+
+def test_a_recorded_store_ships_whole_and_twice_is_once(tmp_path: Path, db: str) -> None:
+    """Two recordings of an agent paying through requests: shipped, the events table
+    equals the store, the trajectories are ended, the effects view holds each payment
+    settled; shipped again, nothing moves."""
+    store = tmp_path / "store"
+    (tmp_path / "agent.py").write_text(AGENT)
+    with EffectService() as svc:
+        for t in ("pay-1", "pay-2"):
+            rec = subprocess.run([*CLI, "record", "--store", str(store), "--traj", t,
+                                  "--workspace", "none", "-o", str(tmp_path / f"{t}.steno"),
+                                  "--", PY, "agent.py", svc.url], cwd=tmp_path, env=_env(),
+                                 capture_output=True, text=True, timeout=120)
+            assert rec.returncode == 0, rec.stderr[-2000:]
+    first = _ship(store, db, "--once", "--json")
+    assert first.returncode == 0, first.stderr
+    doc = json.loads(first.stdout)
+    n = _table_equals_store(store, db)
+    assert doc["events"] == n and doc["lag"] == 0 and doc["trajectories"] == ["pay-1", "pay-2"]
+    trajs = _q(db, "SELECT trajectory_id, state, last_seq FROM steno_trajectories "
+                   "ORDER BY 1")
+    assert [(t, s) for t, s, _ in trajs] == [("pay-1", "ended"), ("pay-2", "ended")]
+    effects = _q(db, "SELECT trajectory_id, state, target FROM steno_effects ORDER BY 1, 3")
+    assert len(effects) == 6 and {s for _, s, _ in effects} == {"settled"}, effects
+    assert all("/payments" in target for _, _, target in effects), effects
+    again = _ship(store, db, "--once", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["events"] == 0
+    assert _table_equals_store(store, db) == n
+
+
+def _big_store(path: Path, trajs: int, events: int) -> None:
+    """A store written by its own writer (durable appends, real fdatasync): ``trajs``
+    trajectories interleaved, ``events`` in all, bodies of every size up to 100 KiB."""
+    rng = random.Random(7)
+    with Store(path) as s:
+        for t in range(trajs):
+            s.append(f"t{t}", "RunStarted", {"argv": ["agent", str(t)], "started": 1.7e9 + t},
+                     durable=False)
+        for i in range(events - trajs):
+            t = f"t{rng.randrange(trajs)}"
+            size = rng.choice([10, 100, 1000, 70_000])
+            s.append(t, "Note", {"i": i, "text": "x" * size, "bin": rng.randbytes(8)},
+                     durable=False)
+        s.flush()
+
+
+def test_a_shipper_killed_mid_batch_leaves_no_duplicate_and_no_gap(
+        tmp_path: Path, db: str) -> None:
+    """``KILLS`` times: a following shipper with small batches, SIGKILLed at a random
+    moment (mid-COPY, mid-commit, between batches); then one more pass. The table equals
+    the store: no event twice, none missing."""
+    store = tmp_path / "store"
+    _big_store(store, 5, 6000)
+    rng = random.Random(11)
+    killed_at: list[int] = []
+    for _ in range(KILLS):
+        p = subprocess.Popen([*CLI, "ship", str(store), "--to", db, "--batch", "23",
+                              "--every", "0.05"], env=_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+        time.sleep(rng.uniform(0.5, 1.2))
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        killed_at.append(int(_q(db, "SELECT coalesce(max(lsn), 0) FROM steno_cursors")[0][0]))
+    assert killed_at[0] > 0, "the shipper shipped nothing before its first kill"
+    mid = [c for c in killed_at if 0 < c < 6000]
+    assert len(mid) >= min(3, KILLS), f"too few kills landed mid-shipment: {killed_at}"
+    done = _ship(store, db, "--once", "--json")
+    assert done.returncode == 0, done.stderr
+    assert _table_equals_store(store, db) == 6000
+    assert int(_q(db, "SELECT lsn FROM steno_cursors")[0][0]) == 6000
+    big = _q(db, "SELECT count(*) FROM steno_events WHERE raw IS NULL AND raw_bytes > 65536")
+    assert int(big[0][0]) > 0  # bodies over the threshold keep their hash, not their bytes
+
+
+def test_serve_ships_what_it_commits_while_agents_record(tmp_path: Path, db: str) -> None:
+    """``serve --ship``: the host recorder ships as its recordings commit; once they have
+    ended the table catches up with the store, and only committed events ever left."""
+    store = tmp_path / "store"
+    with Store(store) as s:
+        s.append("seed", "Note", {})
+    serve = subprocess.Popen([*CLI, "serve", str(store), "--ship", db], env=_env(),
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (store / "serve.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (tmp_path / "agent.py").write_text(AGENT)
+        with EffectService() as svc:
+            recs = [subprocess.Popen([*CLI, "record", "--store", str(store), "--traj", f"a{i}",
+                                      "--workspace", "none", "-o",
+                                      str(tmp_path / f"a{i}.steno"), "--", PY, "agent.py",
+                                      svc.url], cwd=tmp_path, env=_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    for i in range(4)]
+            for r in recs:
+                _, err = r.communicate(timeout=180)
+                assert r.returncode == 0, err[-2000:]
+        deadline = time.monotonic() + 60
+        want = sum(1 for _ in StoreReader(store).events())
+        while time.monotonic() < deadline:
+            if int(_q(db, "SELECT count(*) FROM steno_events")[0][0]) >= want:
+                break
+            time.sleep(0.2)
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        _, err = serve.communicate(timeout=60)
+    assert "ship:" not in err, err
+    assert _table_equals_store(store, db) == want
+    states = dict((t, s) for t, s in _q(db, "SELECT trajectory_id, state FROM "
+                                            "steno_trajectories"))
+    assert all(states[f"a{i}"] == "ended" for i in range(4)), states
+
+
+def test_bad_input_is_one_line_and_touches_nothing(tmp_path: Path, db: str) -> None:
+    store = tmp_path / "store"
+    _big_store(store, 1, 10)
+    before = sorted((p.name, p.stat().st_size) for p in (store / "wal").iterdir())
+    cases = [
+        ([*CLI, "ship", str(store)], 2, "no warm tier"),
+        ([*CLI, "ship", str(store), "--to", "mysql://x/y"], 2, "postgresql://"),
+        ([*CLI, "ship", str(tmp_path / "nothing"), "--to", db], 2, "not"),
+        ([*CLI, "ship", str(store), "--to", db, "--json"], 2, "--once"),
+        ([*CLI, "ship", str(store), "--to", "postgresql://postgres:hunter2@127.0.0.1:1/x",
+          "--once"], 7, "cannot reach"),
+    ]
+    for argv, code, words in cases:
+        r = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=60)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == code and len(lines) == 1 and words in lines[0], (argv, r.stderr)
+        assert "hunter2" not in r.stderr  # a password never printed
+    assert sorted((p.name, p.stat().st_size) for p in (store / "wal").iterdir()) == before
+
+
+def test_a_trajectory_name_another_run_holds_is_refused(tmp_path: Path, db: str) -> None:
+    """Two stores, each with its own run called ``t0``: the second is not mixed into the
+    first's rows; ship says so in one line (exit 2) and the first stays whole."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    _big_store(a, 1, 50)
+    with Store(b) as s:
+        s.append("t0", "RunStarted", {"argv": ["other"], "started": 1.8e9})
+        s.append("t0", "Note", {"other": True})
+    assert _ship(a, db, "--once").returncode == 0
+    r = _ship(b, db, "--once")
+    assert r.returncode == 2 and "another run" in r.stderr, r.stderr
+    assert _table_equals_store(a, db) == 50
