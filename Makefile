@@ -74,6 +74,7 @@ bench: $(STAMP) $(USTAMP)
 	$(UVENV)/bin/pip install -q 'openai>=3,<4' && $(BIN)/python bench/seal.py
 	$(BIN)/pip install -q 'dbos>=3.4,<4' && $(BIN)/python bench/effects.py
 	$(BIN)/python bench/host.py
+	$(BIN)/python bench/ship.py
 	$(BIN)/python bench/resume.py
 	$(BIN)/python bench/settle.py
 	$(BIN)/python bench/build_replay.py
@@ -110,6 +111,7 @@ soak: $(STAMP)
 	STENO_PAY_TRIALS=150 STENO_PAY_BOUNDARIES=all $(BIN)/pytest -q tests/test_payments_agent.py
 # the host recorder at the issue's sizes: 64 agents at once, 10,000 short-lived execs
 	STENO_HOST_AGENTS=64 STENO_HOST_EXECS=10000 $(BIN)/pytest -q tests/test_host_recorder.py
+	STENO_SHIP_KILLS=40 $(BIN)/pytest -q tests/test_ship.py -k killed
 	for i in 1 2 3 4 5 6 7 8 9 10; do STENO_SIGNAL_SOAK=1 $(BIN)/pytest -q tests/test_signals.py -k itimer || exit 1; done
 
 lint: $(STAMP)

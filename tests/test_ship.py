@@ -157,7 +157,8 @@ def test_a_shipper_killed_mid_batch_leaves_no_duplicate_and_no_gap(
     moment (mid-COPY, mid-commit, between batches); then one more pass. The table equals
     the store: no event twice, none missing."""
     store = tmp_path / "store"
-    _big_store(store, 5, 6000)
+    n = 1000 * max(6, KILLS)  # (enough that most kills land while it ships)
+    _big_store(store, 5, n)
     rng = random.Random(11)
     killed_at: list[int] = []
     for _ in range(KILLS):
@@ -169,12 +170,12 @@ def test_a_shipper_killed_mid_batch_leaves_no_duplicate_and_no_gap(
         p.wait(timeout=30)
         killed_at.append(int(_q(db, "SELECT coalesce(max(lsn), 0) FROM steno_cursors")[0][0]))
     assert killed_at[0] > 0, "the shipper shipped nothing before its first kill"
-    mid = [c for c in killed_at if 0 < c < 6000]
+    mid = [c for c in killed_at if 0 < c < n]
     assert len(mid) >= min(3, KILLS), f"too few kills landed mid-shipment: {killed_at}"
     done = _ship(store, db, "--once", "--json")
     assert done.returncode == 0, done.stderr
-    assert _table_equals_store(store, db) == 6000
-    assert int(_q(db, "SELECT lsn FROM steno_cursors")[0][0]) == 6000
+    assert _table_equals_store(store, db) == n
+    assert int(_q(db, "SELECT lsn FROM steno_cursors")[0][0]) == n
     big = _q(db, "SELECT count(*) FROM steno_events WHERE raw IS NULL AND raw_bytes > 65536")
     assert int(big[0][0]) > 0  # bodies over the threshold keep their hash, not their bytes
 

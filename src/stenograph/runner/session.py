@@ -4,11 +4,11 @@ share.
 A ``LiveSession`` is an open store, the C tape's recorder (``recorder/tape.RecordSession``,
 fed by the shim's rings), the hooks' exchange server (``recorder/exchanges.ExchangeServer``:
 every Python-level call appended before the program sees its result; intents,
-approvals and an effect's answer synced first), the thread that syncs the store every ``FLUSH_EVERY`` seconds, the worker's
-lease when there is one, and the ``RunEnded`` that closes the run. Each caller decides
-only what differs: what the tape holds before the program starts (nothing, a replayed
-prefix), where it runs (the real directory, a sealed namespace) and what is done with the
-trajectory after.
+approvals and an effect's answer synced first), the thread that syncs the store every
+``FLUSH_EVERY`` seconds, the worker's lease when there is one, and the ``RunEnded`` that
+closes the run. Each caller decides only what differs: what the tape holds before the
+program starts (nothing, a replayed prefix), where it runs (the real directory, a sealed
+namespace) and what is done with the trajectory after.
 """
 
 from __future__ import annotations

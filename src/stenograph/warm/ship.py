@@ -208,20 +208,9 @@ class Shipper:
 
     def _ship_batch(self, events: list[Event], out: Shipped) -> None:
         import psycopg
-        from psycopg.types.json import Jsonb
 
         trajs = self._learn(events)
-        rows = []
-        for ev in events:
-            raw = pack_body(ev.body)
-            body: Any = None
-            if ev.kind != "TapeChunk":
-                text = json.dumps(jsonable(ev.body))
-                if "\\u0000" not in text:  # (jsonb cannot hold NUL)
-                    body = Jsonb(jsonable(ev.body))
-            rows.append((ev.traj, ev.seq, trajs[ev.traj].started_at, ev.lsn, self.id, ev.kind,
-                         body, raw if len(raw) <= schema.BODY_INLINE_MAX else None,
-                         hashlib.sha256(raw).hexdigest(), len(raw)))
+        rows = [row(ev, trajs[ev.traj].started_at, self.id) for ev in events]
         try:
             with self._tx() as cur:
                 cur.execute("SELECT lsn FROM steno_cursors WHERE store_id = %s FOR UPDATE",
@@ -231,7 +220,7 @@ class Shipper:
                 cur.execute(schema.STAGE)
                 with cur.copy(schema.COPY_STAGE) as copy:
                     copy.set_types(["text", "int8", "timestamptz", "int8", "text", "text",
-                                    "jsonb", "bytea", "text", "int4"])
+                                    "text", "bytea", "text", "int4"])
                     for r in rows:
                         copy.write_row(r)
                 cur.execute(schema.MOVE_STAGE)
@@ -329,6 +318,21 @@ class Shipper:
         assert self._conn is not None, "connect() first"
         with self._conn.transaction(), self._conn.cursor() as cur:
             yield cur
+
+
+def row(ev: Event, started_at: dt.datetime, store: str) -> tuple[Any, ...]:
+    """An event as a row of ``steno_events`` (``schema.STAGE_COLUMNS``): its body as JSON
+    text the server parses into jsonb (not a tape chunk's, nor one holding NUL, which
+    jsonb cannot), its msgpack bytes up to ``BODY_INLINE_MAX``, their hash and size."""
+    raw = pack_body(ev.body)
+    body: str | None = None
+    if ev.kind != "TapeChunk":
+        body = json.dumps(jsonable(ev.body), separators=(",", ":"))
+        if "\\u0000" in body:
+            body = None
+    return (ev.traj, ev.seq, started_at, ev.lsn, store, ev.kind, body,
+            raw if len(raw) <= schema.BODY_INLINE_MAX else None,
+            hashlib.sha256(raw).hexdigest(), len(raw))
 
 
 def _now() -> dt.datetime:
