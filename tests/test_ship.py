@@ -251,3 +251,39 @@ def test_a_trajectory_name_another_run_holds_is_refused(tmp_path: Path, db: str)
     r = _ship(b, db, "--once")
     assert r.returncode == 2 and "another run" in r.stderr, r.stderr
     assert _table_equals_store(a, db) == 50
+
+
+def test_status_db_shows_every_hosts_trajectories(tmp_path: Path, db: str) -> None:
+    """Two stores ("hosts") shipped into one warm tier: ``status --db`` lists both hosts'
+    trajectories, the one with a payment in doubt and an approval waiting as
+    needs-attention, with the counts; ``--json`` and one TRAJ as one document."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with Store(a) as s:
+        s.append("done-1", "RunStarted", {"argv": ["x"], "started": 1.7e9})
+        s.append("done-1", "ToolIntent", {"call_id": "0/http/1", "target": "POST /pay"})
+        s.append("done-1", "ToolResult", {"call_id": "0/http/1", "status": "200"})
+        s.append("done-1", "RunEnded", {"status": 0})
+    with Store(b) as s:
+        s.append("stuck-2", "RunStarted", {"argv": ["y"], "started": 1.7e9 + 5})
+        s.append("stuck-2", "ToolIntent", {"call_id": "0/http/3", "target": "POST /pay"})
+        s.append("stuck-2", "ApprovalRequested", {"call_id": "0/http/4", "call": "deploy",
+                                                  "summary": "deploy web",
+                                                  "requested_at": 1.7e9 + 9})
+    for st in (a, b):
+        assert _ship(st, db, "--once").returncode == 0
+    doc = json.loads(subprocess.run([*CLI, "status", "--db", db, "--json"], env=_env(),
+                                    capture_output=True, text=True, check=True).stdout)
+    got = {t["traj"]: (t["state"], t["effects"], t["in_doubt"], t["approvals_waiting"])
+           for t in doc["trajectories"]}
+    assert got == {"done-1": ("ended", 1, 0, 0), "stuck-2": ("needs-attention", 1, 1, 1)}
+    one = json.loads(subprocess.run([*CLI, "status", "--db", db, "stuck-2", "--json"],
+                                    env=_env(), capture_output=True, text=True,
+                                    check=True).stdout)
+    assert one["traj"] == "stuck-2" and one["shipped_ago"] is not None
+    text = subprocess.run([*CLI, "status", "--db", db], env=_env(), capture_output=True,
+                          text=True, check=True).stdout
+    lines = {ln.split()[0]: ln for ln in text.splitlines()[1:] if ln.strip()}
+    assert "needs-attention" in lines["stuck-2"] and "ended" in lines["done-1"], text
+    bad = subprocess.run([*CLI, "status", "--db", "mysql://x"], env=_env(),
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

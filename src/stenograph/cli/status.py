@@ -23,15 +23,27 @@ from stenograph.recorder.resumes import states
 
 
 @click.command("status")
-@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("store", type=click.Path(path_type=Path), required=False)
 @click.argument("traj", required=False)
+@click.option("--db", "db_url", metavar="URL",
+              help="Every host's trajectories, from the warm tier (a postgresql:// URL "
+                   "`ship` fills): `status --db URL [TRAJ]`.")
 @json_stream_options("trajectory")
-def status(store: Path, traj: str | None, out: str) -> None:
+def status(store: Path | None, traj: str | None, db_url: str | None, out: str) -> None:
     """The state of each trajectory in STORE (or of TRAJ), and of its effects.
 
     --json prints one document: TRAJ's object (state, turns, epoch, `effects`,
     `approvals`), or for a whole store `{"trajectories": [...]}`; --jsonl one
-    trajectory's object per line."""
+    trajectory's object per line. With --db URL: every trajectory every host has
+    shipped (host, state, last event, effects in doubt, approvals waiting, how long
+    since its store last shipped)."""
+    if db_url is not None:
+        if traj is not None:
+            raise BadInput("status --db takes one TRAJ at most (no STORE)", str(store))
+        _fleet(db_url, str(store) if store is not None else None, out)
+        return
+    if store is None:
+        raise BadInput("status needs a STORE (or --db URL)", "status")
     if traj is not None:
         traj_id(traj)
     found = states(store, traj)
@@ -65,6 +77,41 @@ def status(store: Path, traj: str | None, out: str) -> None:
         for a in st.approvals:
             click.echo(f"    {a.call_id:<16} approval {a.state}{' (used)' if a.used else ''}"
                        f"  {a.call}" + (f"  by {a.by}" if a.by else ""))
+
+
+def _fleet(url: str, traj: str | None, out: str) -> None:
+    """``status --db``: the warm tier's view of every host's trajectories."""
+    from stenograph.warm.status import fleet_status
+
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise BadInput("--db wants a postgresql:// URL", url)
+    if traj is not None:
+        traj_id(traj)
+    rows = fleet_status(url, traj)
+    if out == "json" and traj is not None:
+        if rows:
+            click.echo(json.dumps(rows[0], sort_keys=True))
+        return
+    if out != "text":
+        emit_json(out, "trajectories", iter(rows))
+        return
+    if not rows:
+        click.echo("no trajectory has been shipped there", err=True)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(box=None, pad_edge=False)
+    for col in ("trajectory", "host", "state", "last", "effects", "in doubt",
+                "approvals", "shipped"):
+        t.add_column(col, justify="right" if col in ("effects", "in doubt", "approvals")
+                     else "left")
+    for r in rows:
+        ago = r["shipped_ago"]
+        t.add_row(r["traj"], r["host"], r["state"], f"{r['last_kind']} #{r['last_seq']}",
+                  str(r["effects"]), str(r["in_doubt"]), str(r["approvals_waiting"]),
+                  "-" if ago is None else f"{ago:.0f} s ago")
+    Console(width=160, highlight=False).print(t)
 
 
 def _live(store: Path) -> dict[str, dict[str, Any]]:

@@ -114,8 +114,8 @@ class Shipper:
         try:
             self._conn = psycopg.connect(self.url, connect_timeout=10, autocommit=True)
         except psycopg.Error as exc:
-            raise WarmTierError(f"cannot reach the warm tier: {_first_line(exc)}",
-                                _safe_url(self.url)) from None
+            raise WarmTierError(f"cannot reach the warm tier: {first_line(exc)}",
+                                safe_url(self.url)) from None
         with self._tx() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(hashtext('stenograph schema'))")
             cur.execute(schema.DDL)
@@ -126,7 +126,7 @@ class Shipper:
             elif row[0] > schema.SCHEMA_VERSION:
                 raise WarmTierError(f"the warm tier's schema is version {row[0]}; this "
                                     f"stenograph knows {schema.SCHEMA_VERSION}",
-                                    _safe_url(self.url))
+                                    safe_url(self.url))
             cur.execute("INSERT INTO steno_cursors (store_id, host, path, lsn) "
                         "VALUES (%s, %s, %s, 0) ON CONFLICT (store_id) DO NOTHING",
                         (self.id, self.host, str(self.store.resolve())))
@@ -231,8 +231,8 @@ class Shipper:
                             "WHERE store_id = %s",
                             (events[-1].lsn, len(events), self.host, self.id))
         except psycopg.Error as exc:
-            raise WarmTierError(f"the warm tier refused a batch: {_first_line(exc)}",
-                                _safe_url(self.url)) from None
+            raise WarmTierError(f"the warm tier refused a batch: {first_line(exc)}",
+                                safe_url(self.url)) from None
         out.events += len(events)
         out.batches += 1
         out.cursor = events[-1].lsn
@@ -349,11 +349,11 @@ def _text(v: Any) -> str | None:
     return v if isinstance(v, str) else json.dumps(jsonable(v))
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _safe_url(url: str) -> str:
+def safe_url(url: str) -> str:
     """The URL without its password, for messages."""
     from urllib.parse import urlsplit, urlunsplit
 
