@@ -12,8 +12,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -21,6 +23,7 @@ from planted_agent import REPO, env, script
 
 from stenograph.cli.main import main
 from stenograph.testing.model_server import ModelServer
+from stenograph.testing.postgres import cluster, installed
 
 CLI = [sys.executable, "-m", "stenograph"]
 GIT = ["git", "-c", "user.name=T", "-c", "user.email=t@example.com"]
@@ -46,7 +49,20 @@ def _options(path: tuple[str, ...]) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    base = Path(tempfile.mkdtemp(prefix="steno-pg-"))
+    try:
+        if installed():  # ship's case: a private PostgreSQL cluster (the warm tier)
+            with cluster(base, options="-c fsync=off") as port:
+                yield _made(tmp_path_factory,
+                            f"postgresql://postgres@127.0.0.1:{port}/postgres")
+        else:
+            yield _made(tmp_path_factory, None)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _made(tmp_path_factory: pytest.TempPathFactory, db: str | None) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("json")
     repo = root / "agent"
     repo.mkdir()
@@ -71,15 +87,17 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     subprocess.run([*GIT, "commit", "-qam", "two"], cwd=repo, check=True)
     reply = root / "reply.json"
     reply.write_text(json.dumps({"text": "Done, differently."}))
-    return {"root": root, "repo": repo, "store": store, "steno": steno, "reply": reply}
+    return {"root": root, "repo": repo, "store": store, "steno": steno, "reply": reply,
+            "db": db}
 
 
-def _cases(m: dict[str, Path]) -> dict[tuple[str, ...], list[str]]:
+def _cases(m: dict[str, Any]) -> dict[tuple[str, ...], list[str]]:
     """Each command with --json, and the arguments that make it print (no --json)."""
     steno, store, repo = str(m["steno"]), str(m["store"]), str(m["repo"])
     good = subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=repo, capture_output=True,
                           text=True, check=True).stdout.strip()
-    return {
+    ship = {("ship",): [store, "--to", m["db"], "--once"]} if m["db"] else {}
+    return {**ship,
         ("bisect",): ["--good", good, "--bad", "HEAD", "--log", steno, "--repo", repo],
         ("checkpoint", "ls"): [steno],
         ("diff",): [steno, steno],
@@ -99,9 +117,11 @@ def _cases(m: dict[str, Path]) -> dict[tuple[str, ...], list[str]]:
     }
 
 
-def test_every_json_option_prints_one_document(made: dict[str, Path]) -> None:
+def test_every_json_option_prints_one_document(made: dict[str, Any]) -> None:
     cases = _cases(made)
     with_json = {c for c in _commands(main) if "--json" in _options(c)}
+    if not made["db"]:  # (no PostgreSQL here: ship has nowhere to ship to)
+        with_json.discard(("ship",))
     assert with_json == set(cases), ("a command with --json has no case here (or a case "
                                      "lost its --json)", with_json ^ set(cases))
     for cmd, args in sorted(cases.items()):

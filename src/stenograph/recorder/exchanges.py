@@ -109,6 +109,7 @@ class ExchangeServer:
         """Appended entries with a body recorded only as a marker (``is_lost_body``)."""
         self._lock = threading.Lock()
         self._effects: set[str] = set()  # call ids whose intent came: their answer is synced
+        self._queued: list[int] = []  # LSNs of the answers that rode a later sync
         self._server = SeqpacketServer(sock_path, self._handle, name="steno-exchanges",
                                        max_message=MAX_MESSAGE, stop_on_error=True)
         self.path = self._server.path
@@ -130,7 +131,11 @@ class ExchangeServer:
             if self._before_append is not None:
                 self._before_append()
             body["at"] = time.time()  # when its answer came (``harness/work.py``)
-            lsn = self.store.append(self.traj, "Exchange", body, durable=self._effect(body))
+            synced = self._effect(body)
+            lsn = self.store.append(self.traj, "Exchange", body, durable=synced)
+            if not synced:
+                with self._lock:
+                    self._queued.append(lsn)
         except Exception as exc:  # the store refused it (a full disk): say so, go on
             with self._lock:
                 self.lost += 1
@@ -234,9 +239,28 @@ class ExchangeServer:
         if isinstance(body, bytes):
             authorizer.budget.spend(*usage_of(body))
 
+    def _unsynced(self) -> int:
+        """Exchanges appended without a sync of their own that no sync ever covered: the
+        store refused a later write (a full disk). Asked once, as the run ends: a sync
+        now covers them, or says how far the log got."""
+        with self._lock:
+            queued, self._queued = self._queued, []
+        if not queued:
+            return 0
+        try:
+            self.store.flush()
+            return 0
+        except Exception:  # (the write the store refused: those after its last sync)
+            try:
+                synced = int(self.store.synced_lsn)
+            except Exception:
+                synced = 0
+            return sum(1 for lsn in queued if lsn > synced)
+
     def loss_note(self) -> str | None:
         """What the run's report must say about exchanges the recording lacks, or None."""
         parts = []
+        self.lost += self._unsynced()
         if self.lost:
             parts.append(f"{self.lost} exchange(s) could not be recorded (replay stops "
                          "at the first)")
