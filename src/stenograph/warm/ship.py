@@ -26,11 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.codec import Event, jsonable, pack_body
 from stenograph.recorder.errors import BadInput, StenographError
+from stenograph.recorder.gc import needed
 from stenograph.recorder.hostclient import synced_lsn
 from stenograph.recorder.reader import STORE_MARKER, StoreReader, read_salt
 from stenograph.warm import schema
+from stenograph.warm.objects import ObjectStore
 
 BATCH = 2000
 """Events per transaction."""
@@ -65,6 +68,10 @@ class Shipped:
     """The last LSN committed in the store when the pass ended."""
     seconds: float = 0.0
     trajectories: set[str] = field(default_factory=set)
+    blobs: int = 0
+    """Objects this pass wrote to the object store (one already there is not counted)."""
+    missing_blobs: int = 0
+    """Blobs an event names that the store no longer has."""
 
     @property
     def lag(self) -> int:
@@ -75,7 +82,8 @@ class Shipped:
         return {"events": self.events, "batches": self.batches, "cursor": self.cursor,
                 "committed": self.committed, "lag": self.lag,
                 "seconds": round(self.seconds, 3),
-                "trajectories": sorted(self.trajectories)}
+                "trajectories": sorted(self.trajectories), "blobs": self.blobs,
+                "missing_blobs": self.missing_blobs}
 
 
 @dataclass
@@ -89,7 +97,8 @@ class Shipper:
 
     def __init__(self, store: Path, url: str, *, batch: int = BATCH,
                  host: str | None = None,
-                 committed: Callable[[], int | None] | None = None) -> None:
+                 committed: Callable[[], int | None] | None = None,
+                 objects: ObjectStore | None = None) -> None:
         if not (store / STORE_MARKER).exists():
             raise BadInput("not a stenograph store", str(store))
         self.store = store
@@ -100,6 +109,10 @@ class Shipper:
         self._conn: Any = None
         self._trajs: dict[str, _Traj] = {}
         self._committed = committed
+        self.objects = objects
+        """Where blobs, snapshots and bodies over ``BODY_INLINE_MAX`` go (``--blobs``)."""
+        self._blobs = BlobStore(store / "blobs")
+        self._walked: set[str] = set()  # snapshot manifests already shipped
 
     # -- the database
 
@@ -193,6 +206,8 @@ class Shipper:
             total.events += got.events
             total.batches += got.batches
             total.trajectories |= got.trajectories
+            total.blobs += got.blobs
+            total.missing_blobs += got.missing_blobs
             total.cursor, total.committed = got.cursor, got.committed
             total.seconds += got.seconds
             if stop():
@@ -211,6 +226,8 @@ class Shipper:
 
         trajs = self._learn(events)
         rows = [row(ev, trajs[ev.traj].started_at, self.id) for ev in events]
+        if self.objects is not None:  # before the rows that name them
+            self._upload(events, rows, out)
         try:
             with self._tx() as cur:
                 cur.execute("SELECT lsn FROM steno_cursors WHERE store_id = %s FOR UPDATE",
@@ -237,6 +254,22 @@ class Shipper:
         out.batches += 1
         out.cursor = events[-1].lsn
         out.trajectories |= {ev.traj for ev in events}
+
+    def _upload(self, events: list[Event], rows: list[tuple[Any, ...]], out: Shipped) -> None:
+        """Every blob the batch's events need (a checkpoint's snapshot whole), and each
+        body too large for its row, into the object store, content-addressed."""
+        assert self.objects is not None
+        for ev, r in zip(events, rows, strict=True):
+            shas = needed(self._blobs, ev, self._walked)
+            for sha in sorted(shas):
+                if not self._blobs.has(sha):
+                    out.missing_blobs += 1  # (gone from the store: nothing to copy)
+                    continue
+                _, wrote = self.objects.put(self._blobs.get(sha))
+                out.blobs += wrote
+            if r[7] is None:  # (raw: over BODY_INLINE_MAX)
+                _, wrote = self.objects.put(pack_body(ev.body))
+                out.blobs += wrote
 
     def _learn(self, events: list[Event]) -> dict[str, _Traj]:
         """Each trajectory's start (its partition) and the hash of its ``RunStarted``:
