@@ -536,29 +536,32 @@ static uint32_t net_epoll_others(int ep, const unsigned char *p, uint32_t n, con
         if (e.conn == NOT_A_CONN) want[left++] = e.data;
     }
     struct epoll_event got[64];
-    /* Bounded by quiet time on the clock (no record served by any thread), not by tries:
-     * an fd of the set that is ready but not wanted (level-triggered, read later) makes
-     * each wait return at once, and 1000 tries then passed in microseconds on a loaded
-     * machine, before the wanted fd's writer had run at all (a flaky divergence). */
+    /* A replay's wait is bounded by quiet time on the clock (no record served by any
+     * thread), not by tries: an fd of the set that is ready but not wanted (level-
+     * triggered, read later) makes each wait return at once, and 1000 tries then passed
+     * in microseconds on a loaded machine, before the wanted fd's writer had run at all
+     * (a flaky divergence). */
     int64_t start = mono_ns();
     unsigned seen = __atomic_load_n(&g_served, __ATOMIC_RELAXED);
-    while (left) {
+    for (int tries = 0; left; tries++) {
         unsigned now = __atomic_load_n(&g_served, __ATOMIC_RELAXED);
         if (now != seen) { /* the rest of the process is still replaying: not stuck */
             seen = now;
             start = mono_ns();
         }
-        int64_t waited_ms = (mono_ns() - start) / 1000000;
-        if (waited_ms >= NET_OTHERS_WAIT_MS) break; /* a divergence */
+        if ((mono_ns() - start) / 1000000 >= NET_OTHERS_WAIT_MS) break; /* a divergence */
         /* a resume that went live meanwhile: the write that makes them ready may be a
          * live thread's, past its prefix (an eventfd the main thread signals after its
          * cut); the recorded events are handed back, the fds read as they are */
         if (UNLIKELY(g_resume) && __atomic_load_n(&g_mode, __ATOMIC_SEQ_CST) == MODE_RECORD)
             return 0;
-        /* still waiting after LIVE_WAIT_MS in a resumed prefix: the writer is another
-         * thread that can only go on live (parked at its cut, or behind this one's turn):
-         * the process goes live now, as live.c's wait would */
-        if (UNLIKELY(g_resume) && waited_ms >= LIVE_WAIT_MS) {
+        /* still waiting after LIVE_WAIT_MS / 10 tries in a resumed prefix: the writer is
+         * another thread that can only go on live (parked at its cut, or behind this
+         * one's turn): the process goes live now, as live.c's wait would. Tries, as
+         * before, not quiet time: going live is the remedy here, and a wait for quiet
+         * let this thread keep a turn another needed ("the turn never came", seen once
+         * in CI with an MCP server resumed) */
+        if (UNLIKELY(g_resume) && tries >= LIVE_WAIT_MS / 10) {
             go_live();
             return 0;
         }
@@ -567,7 +570,7 @@ static uint32_t net_epoll_others(int ep, const unsigned char *p, uint32_t n, con
         for (long i = 0; i < r; i++)
             for (uint32_t j = 0; j < left; j++)
                 if (want[j] == got[i].data.u64) { want[j] = want[--left]; break; }
-        if (r > 0 && left == before) { /* only fds it does not want: let the writer run */
+        if (!g_resume && r > 0 && left == before) { /* only fds it does not want */
             struct timespec ts = {0, 1000 * 1000};
             RS2(SYS_nanosleep, &ts, NULL);
         }
