@@ -32,6 +32,9 @@ Quick = Callable[[bytes], bool]
 FdHandler = Callable[[socket.socket, bytes, list[int]], None]
 CloseHandler = Callable[[socket.socket], None]
 
+_DONE, _WAIT, _ENDED = "done", "wait", "ended"
+"""What one turn of ``SeqpacketServer._serve_one`` came to."""
+
 WORKERS = max(4, 2 * (os.cpu_count() or 2))
 """Workers per server: messages of different connections handled at once (a barrier
 waiting for a sync holds one)."""
@@ -152,33 +155,39 @@ class SeqpacketServer:
             try:
                 head = conn.recv(self._peek, socket.MSG_PEEK | socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
+                head = None
+            except OSError:
+                return False
+            if head is not None and (not head or not self._quick(head)):
+                return False  # (an end, too: the worker's path closes it)
+            step = self._serve_one(conn) if head is not None else _WAIT
+            if step is _WAIT:
                 with contextlib.suppress(ValueError, KeyError, OSError):
                     self._sel.register(conn, selectors.EVENT_READ, None)
                 return True
-            except OSError:
-                return False
-            if not head or not self._quick(head):
-                return False  # (an end, too: the worker's path closes it)
-            done = self._serve_one(conn)
-            if done is not True:
-                return done is None
+            if step is _ENDED:
+                self._end(conn)
+                return True
 
-    def _serve_one(self, conn: socket.socket) -> bool | None:
-        """One message off ``conn``, handled: True; False when it could not be read (the
-        worker's loop then sees why); None when the handler failed and that ends the
-        connection (``stop_on_error``: ended here)."""
+    def _serve_one(self, conn: socket.socket) -> str:
+        """One message off ``conn``, handled: ``_DONE``; ``_WAIT`` when none is waiting;
+        ``_ENDED`` when the connection has ended (its peer closed it, or a handler failed
+        under ``stop_on_error``). A handler's error is noted: one bad peer must not stop
+        the others."""
         fds: list[int] = []
         try:
-            if self._fd_handler is None:
+            if self._fd_handler is None:  # (sends, the acks, stay blocking)
                 msg = conn.recv(self._max, socket.MSG_DONTWAIT)
             else:
                 msg, fds = _recv_fds(conn, self._max, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return _WAIT
         except OSError:
-            return False
+            return _ENDED
         if not msg:
             for fd in fds:
                 os.close(fd)
-            return False
+            return _ENDED
         try:
             if fds and self._fd_handler is not None:
                 self._fd_handler(conn, msg, fds)
@@ -188,9 +197,8 @@ class SeqpacketServer:
             with self._lock:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             if self._stop_on_error:
-                self._end(conn)
-                return None
-        return True
+                return _ENDED
+        return _DONE
 
     # -- a worker
 
@@ -199,34 +207,9 @@ class SeqpacketServer:
         loop (or, at its end, close it)."""
         ended = False
         try:
-            while True:
-                fds: list[int] = []
-                try:
-                    if self._fd_handler is None:  # (sends, the acks, stay blocking)
-                        msg = conn.recv(self._max, socket.MSG_DONTWAIT)
-                    else:
-                        msg, fds = _recv_fds(conn, self._max, socket.MSG_DONTWAIT)
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    ended = True
-                    break
-                if not msg:
-                    for fd in fds:
-                        os.close(fd)
-                    ended = True
-                    break
-                try:
-                    if fds and self._fd_handler is not None:
-                        self._fd_handler(conn, msg, fds)
-                    else:
-                        self._handler(conn, msg)
-                except Exception as exc:  # noted; one bad peer must not stop the others
-                    with self._lock:
-                        self.errors.append(f"{type(exc).__name__}: {exc}")
-                    if self._stop_on_error:
-                        ended = True
-                        break
+            while (step := self._serve_one(conn)) is _DONE:
+                pass
+            ended = step is _ENDED
         except BaseException:  # (never leave a connection unwatched)
             ended = True
             raise

@@ -13,13 +13,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from stenograph.recorder.errors import BadInput, StenographError
-
-
-class ObjectStoreError(StenographError):
-    """The object store refused a write or a read, or cannot be reached (exit 7)."""
-
-    exit_code = 7
+from stenograph.recorder.errors import BadInput
+from stenograph.warm.errors import ObjectStoreError, first_line
 
 
 @dataclass(frozen=True)
@@ -70,7 +65,7 @@ class ObjectStore:
         except Exception as exc:  # botocore's ClientError, or a connection's error
             if _code(exc) not in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
                 raise ObjectStoreError(f"the object store refused blob {sha[:16]}...: "
-                                       f"{_first_line(exc)}", self.url) from None
+                                       f"{first_line(exc)}", self.url) from None
             wrote = False  # (there already: put by this host or another)
         self._there.add(sha)
         return sha, wrote
@@ -82,7 +77,7 @@ class ObjectStore:
                                           Key=self.where.key(sha256))["Body"].read()
         except Exception as exc:
             raise ObjectStoreError(f"blob {sha256[:16]}... cannot be read: "
-                                   f"{_first_line(exc)}", self.url) from None
+                                   f"{first_line(exc)}", self.url) from None
         if hashlib.sha256(data).hexdigest() != sha256:
             raise ObjectStoreError(f"blob {sha256[:16]}... in the object store is not what "
                                    "its name says", self.url)
@@ -97,7 +92,3 @@ def _code(exc: BaseException) -> str:
         status = str((resp.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "")
         return code or status
     return ""
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -28,22 +28,16 @@ from typing import Any
 
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.codec import Event, jsonable, pack_body
-from stenograph.recorder.errors import BadInput, StenographError
+from stenograph.recorder.errors import BadInput
 from stenograph.recorder.gc import needed
 from stenograph.recorder.hostclient import synced_lsn
-from stenograph.recorder.reader import STORE_MARKER, StoreReader, read_salt
+from stenograph.recorder.reader import StoreReader, check_store, read_salt
 from stenograph.warm import schema
+from stenograph.warm.errors import WarmTierError, first_line, safe_url
 from stenograph.warm.objects import ObjectStore
 
 BATCH = 2000
 """Events per transaction."""
-
-
-class WarmTierError(StenographError):
-    """PostgreSQL refused the shipment, or cannot be reached (exit 7: what was shipped
-    stays, the cursor says how far; the next ``ship`` goes on from there)."""
-
-    exit_code = 7
 
 
 def store_id(store: Path) -> str:
@@ -99,8 +93,7 @@ class Shipper:
                  host: str | None = None,
                  committed: Callable[[], int | None] | None = None,
                  objects: ObjectStore | None = None) -> None:
-        if not (store / STORE_MARKER).exists():
-            raise BadInput("not a stenograph store", str(store))
+        check_store(store)
         self.store = store
         self.url = url
         self.batch = batch
@@ -296,32 +289,34 @@ class Shipper:
         """Each trajectory's row: made at its first batch, moved on at every batch. A
         trajectory of the same name that another run started is refused, not mixed in."""
         last: dict[str, Event] = {}
+        labels: dict[str, dict[str, Any]] = {}
+        ended: set[str] = set()
         for ev in events:
             last[ev.traj] = ev
+            if ev.seq == 0 and isinstance(ev.body.get("labels"), dict):
+                labels[ev.traj] = ev.body["labels"]
+            if ev.kind == "RunEnded":
+                ended.add(ev.traj)
         for tid, ev in last.items():
             t = trajs[tid]
-            first = next((e for e in events if e.traj == tid and e.seq == 0), None)
-            labels = first.body.get("labels") if first is not None and isinstance(
-                first.body.get("labels"), dict) else {}
-            cur.execute(
-                "INSERT INTO steno_trajectories (trajectory_id, store_id, host, started_at, "
-                "run_sha256, labels) VALUES (%s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT (trajectory_id) DO NOTHING",
-                (tid, self.id, self.host, t.started_at, t.run_sha256, json.dumps(labels)))
-            cur.execute("SELECT run_sha256 FROM steno_trajectories WHERE trajectory_id = %s",
-                        (tid,))
+            cur.execute(  # (a refusal below rolls this back with the batch)
+                "INSERT INTO steno_trajectories AS t (trajectory_id, store_id, host, "
+                "started_at, run_sha256, labels, last_seq, last_kind, state) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (trajectory_id) DO UPDATE SET "
+                "last_seq = GREATEST(t.last_seq, excluded.last_seq), "
+                "last_kind = excluded.last_kind, store_id = excluded.store_id, "
+                "host = excluded.host, updated_at = now(), "
+                "state = CASE WHEN excluded.state = 'ended' THEN 'ended' ELSE t.state END "
+                "RETURNING t.run_sha256",
+                (tid, self.id, self.host, t.started_at, t.run_sha256,
+                 json.dumps(labels.get(tid, {})), ev.seq, ev.kind,
+                 "ended" if tid in ended else "running"))
             row = cur.fetchone()
             if row and t.run_sha256 and row[0] and row[0] != t.run_sha256:
                 raise BadInput(f"trajectory {tid} in the warm tier is another run (started "
                                "elsewhere under the same name): ship refuses to mix them; "
                                "record it under another --traj", str(self.store))
-            ended = any(e.traj == tid and e.kind == "RunEnded" for e in events)
-            cur.execute(
-                "UPDATE steno_trajectories SET last_seq = GREATEST(last_seq, %s), "
-                "last_kind = %s, store_id = %s, host = %s, updated_at = now(), "
-                "state = CASE WHEN %s THEN 'ended' ELSE state END "
-                "WHERE trajectory_id = %s",
-                (ev.seq, ev.kind, self.id, self.host, ended, tid))
 
     @staticmethod
     def _approvals(cur: Any, events: list[Event]) -> None:
@@ -380,24 +375,6 @@ def _text(v: Any) -> str | None:
     if v is None:
         return None
     return v if isinstance(v, str) else json.dumps(jsonable(v))
-
-
-def first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def safe_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    try:
-        p = urlsplit(url)
-    except ValueError:
-        return "the warm tier"
-    if p.password:
-        netloc = p.netloc.replace(f":{p.password}@", ":***@")
-        return urlunsplit(p._replace(netloc=netloc))
-    return url
 
 
 def default_url() -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stenograph.warm.ship import WarmTierError, first_line, safe_url
+from stenograph.warm.errors import WarmTierError, first_line, safe_url
 
 QUERY = """
 SELECT t.trajectory_id, t.host, t.store_id, t.started_at, t.labels, t.state, t.last_seq,
