@@ -231,6 +231,11 @@ def test_bad_input_is_one_line_and_touches_nothing(tmp_path: Path, db: str) -> N
         ([*CLI, "ship", str(store), "--to", db, "--json"], 2, "--once"),
         ([*CLI, "ship", str(store), "--to", "postgresql://postgres:hunter2@127.0.0.1:1/x",
           "--once"], 7, "cannot reach"),
+        ([*CLI, "ship", str(store), "--to", db, "--blobs", "http://x", "--once"], 2,
+         "s3://"),
+        ([*CLI, "serve", str(store), "--ship", "mysql://x"], 2, "postgresql://"),
+        ([*CLI, "serve", str(store), "--ship", "postgresql://postgres@127.0.0.1:1/x"], 7,
+         "cannot reach"),
     ]
     for argv, code, words in cases:
         r = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=60)
@@ -238,6 +243,7 @@ def test_bad_input_is_one_line_and_touches_nothing(tmp_path: Path, db: str) -> N
         assert r.returncode == code and len(lines) == 1 and words in lines[0], (argv, r.stderr)
         assert "hunter2" not in r.stderr  # a password never printed
     assert sorted((p.name, p.stat().st_size) for p in (store / "wal").iterdir()) == before
+    assert not (store / "serve.sock").exists()  # (no host recorder left serving it)
 
 
 def test_a_trajectory_name_another_run_holds_is_refused(tmp_path: Path, db: str) -> None:

@@ -35,8 +35,17 @@ def serve(store: Path, idle: float, ship_url: str | None) -> None:
 
     if not is_store(store):
         raise NotAStore("not a stenograph store", str(store))
-    host = HostRecorder(store, idle=idle or None)
-    shipping = _shipper(store, ship_url, lambda: host.store.synced_lsn) if ship_url else None
+    hosts: list[HostRecorder] = []  # (the shipper is checked and connected first: a bad
+    # --ship leaves no socket behind)
+    shipping = (_shipper(store, ship_url, lambda: hosts[0].store.synced_lsn)
+                if ship_url else None)
+    try:
+        host = HostRecorder(store, idle=idle or None)
+    except BaseException:
+        if shipping is not None:
+            shipping.shipper.close()
+        raise
+    hosts.append(host)
 
     def stop(*_: Any) -> None:
         host.stop()
