@@ -392,6 +392,30 @@ static void report(const char *kind, tls_t *t, int ch, const unsigned char *rh, 
 static int g_live_threads = 1; /* taped threads alive in this process (threads.c) */
 static int g_parked;           /* of which at the end of their tape (die_as_recorded) */
 static unsigned g_served;      /* records served so far, any thread (is the replay moving?) */
+/* Resume: threads blocked in a replayed call until what the recording saw happen does
+ * (the bytes a read was served, the readiness a poll was, the exit a wait reaped): most
+ * often another replayed process's doing, and that process may be slower. While any is,
+ * the process waits longer before it goes live (live.c). */
+static int g_peer_waits;
+
+static int peer_wait_in(void) {
+    if (LIKELY(!g_resume) || g_mode != MODE_REPLAY) return 0;
+    T.peer_waits++;
+    __atomic_add_fetch(&g_peer_waits, 1, __ATOMIC_SEQ_CST);
+    return 1;
+}
+
+static void peer_wait_out(int was) {
+    if (!was || !T.peer_waits) return; /* (dropped by resume_park) */
+    T.peer_waits--;
+    __atomic_sub_fetch(&g_peer_waits, 1, __ATOMIC_SEQ_CST);
+}
+
+/* resume_park: the call reached this thread's end of tape; it waits for nobody. */
+static void peer_wait_drop(void) {
+    __atomic_sub_fetch(&g_peer_waits, T.peer_waits, __ATOMIC_SEQ_CST);
+    T.peer_waits = 0;
+}
 static void sched_release(tls_t *t);
 
 /* Replay's small files in the tape directory: TAPE/<name>, or TAPE/<this proc>/<name>. */

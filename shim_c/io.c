@@ -154,12 +154,14 @@ static void io_report(tls_t *t, const char *what) {
 
 /* Block until fd shows one of `want` (or hangs up); the peer is being replayed. */
 static void io_wait(int fd, short events, short want) {
+    int peer = peer_wait_in();
     for (;;) {
         struct pollfd pf = {fd, events ? events : POLLIN, 0};
         long r = RS3(SYS_poll, &pf, 1, -1);
-        if (r == 1 && (pf.revents & (want | POLLHUP | POLLERR | POLLNVAL))) return;
-        if (is_err(r) && r != -EINTR) return;
+        if (r == 1 && (pf.revents & (want | POLLHUP | POLLERR | POLLNVAL))) break;
+        if (is_err(r) && r != -EINTR) break;
     }
+    peer_wait_out(peer);
 }
 
 typedef struct { uint32_t asked; int32_t result; } ioread_t;
@@ -191,7 +193,9 @@ static ssize_t io_read(int fd, void *buf, size_t n, int flags) {
     if (want < 0) { errno = -want; return -1; }  /* EAGAIN, EINTR...: as recorded */
     size_t got = 0;
     for (;;) {
+        int peer = peer_wait_in();
         long k = RS3(SYS_read, fd, (char *)buf + got, want ? (size_t)want - got : n);
+        peer_wait_out(peer);
         if (k == -EINTR) continue;
         if (k == -EAGAIN) { io_wait(fd, POLLIN, POLLIN); continue; }
         if (is_err(k)) { errno = (int)-k; return got ? (ssize_t)got : -1; }
@@ -234,7 +238,9 @@ static void reap_live(tls_t *t, int ch, pid_t rpid, int options, struct rusage *
     pid_t lp = pid_live(rpid);
     int st;
     long r;
+    int peer = peer_wait_in();
     do r = RS4(SYS_wait4, lp, &st, options & ~WNOHANG, ru); while (r == -EINTR);
+    peer_wait_out(peer);
     if (r != lp) wait_report(t, ch, rpid, r);
 }
 

@@ -65,6 +65,7 @@ EXPORT void steno_gate_next(void) { T.gate_next = 1; }
 EXPORT int steno_wait_fds(const int *fds, const short *events, int n) {
     int gated = !T.sched_off && g_mode && UNLIKELY(S.on) && !S.broken;
     if (gated) sched_release(&T);
+    int peer = peer_wait_in();
     struct pollfd pf[64];
     int left = n < 64 ? n : 64;
     for (int i = 0; i < left; i++) pf[i] = (struct pollfd){fds[i], events[i], 0};
@@ -77,6 +78,7 @@ EXPORT int steno_wait_fds(const int *fds, const short *events, int n) {
             else i++;
         }
     }
+    peer_wait_out(peer);
     if (gated) sched_take(&T, OP_SCHED_IO, 0);
     return 0;
 }

@@ -30,7 +30,7 @@
  *
  * A holder that does not reach a blocking call the shim sees (a busy-wait, a blocking
  * call inside glibc) would stop every other thread for ever. Record gives up on the
- * schedule after STENO_SCHED_STALL_MS (default 2000) of such a stall: the rest of the
+ * schedule after stall_ns (2 s) of such a stall: the rest of the
  * process runs unscheduled, and replay reports the point as a divergence instead of
  * replaying what was not ordered. Replay gives up (and reports) after 30 times that.
  */
@@ -167,6 +167,52 @@ static int promised_to_other(uint32_t grant, tls_t *t) {
     return 0;
 }
 
+/* Resume: a thread served a recorded grant promises it before live threads may take
+ * grants, never after. Between tape_step and its promise a thread counts in g_stepping;
+ * go_live raises g_going_live, then waits for the count to drop before the mode changes,
+ * and a thread that sees g_going_live before it steps waits for the change instead (its
+ * step then answers STEP_RECORD). (A thread held off the CPU between the two was seen
+ * to promise a grant a live thread had just taken: it waited for it for ever, "the turn
+ * never came".) */
+static int g_stepping, g_going_live;
+
+static void sched_step_begin(tls_t *t) {
+    __atomic_add_fetch(&g_stepping, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&g_going_live, __ATOMIC_SEQ_CST)) {
+        __atomic_sub_fetch(&g_stepping, 1, __ATOMIC_SEQ_CST);
+        for (int i = 0; i < 20000 && __atomic_load_n(&g_mode, __ATOMIC_SEQ_CST) == MODE_REPLAY;
+             i++) {
+            struct timespec ts = {0, 50000};
+            RS2(SYS_nanosleep, &ts, NULL);
+        }
+        __atomic_add_fetch(&g_stepping, 1, __ATOMIC_SEQ_CST);
+    }
+    t->stepping++;
+}
+
+static void sched_step_end(tls_t *t) {
+    if (!t->stepping) return;
+    t->stepping--;
+    __atomic_sub_fetch(&g_stepping, 1, __ATOMIC_SEQ_CST);
+}
+
+/* resume_park: the thread's step reached its tape's end, so it holds no served grant, and
+ * go_live (which it may call itself) must not wait for it. */
+static void sched_step_drop(tls_t *t) {
+    __atomic_sub_fetch(&g_stepping, t->stepping, __ATOMIC_SEQ_CST);
+    t->stepping = 0;
+}
+
+/* go_live, before the mode changes: no thread is between a served grant and its promise
+ * (bounded: a signal handler run inside the step could itself wait here). */
+static void sched_before_live(void) {
+    __atomic_store_n(&g_going_live, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 20000 && __atomic_load_n(&g_stepping, __ATOMIC_SEQ_CST) > 0; i++) {
+        struct timespec ts = {0, 50000};
+        RS2(SYS_nanosleep, &ts, NULL);
+    }
+}
+
 static void promise(tls_t *t, uint32_t grant, int on) {
     for (int i = 0; i < 8; i++) {
         uint32_t want = on ? 0 : grant + 1;
@@ -237,14 +283,21 @@ static int64_t take_record(tls_t *t, int op) {
  * resumed log then had it twice and its replay stopped, "the turn never came".) */
 static int32_t take_replay(tls_t *t, int op) {
     served_t s;
-    switch (tape_step(t, CH_SCHED, op, NULL, 0, &s)) {
+    schedrec_t r;
+    if (UNLIKELY(g_resume)) sched_step_begin(t);
+    step_t step = tape_step(t, CH_SCHED, op, NULL, 0, &s);
+    if (step == STEP_SERVED && s.n >= sizeof r) {
+        memcpy(&r, s.p, sizeof r);
+        if (UNLIKELY(g_resume) && !t->promised && r.result != SCHED_STOLEN)
+            promise(t, r.grant, 1); /* before any waiting, and before live threads take */
+    }
+    if (UNLIKELY(g_resume)) sched_step_end(t);
+    switch (step) {
     case STEP_RECORD: return SCHED_WENT_LIVE;
     case STEP_LIVE: return 0; /* lenient: run on unscheduled */
     case STEP_SERVED: break;
     }
-    if (s.n < sizeof(schedrec_t)) return 0;
-    schedrec_t r;
-    memcpy(&r, s.p, sizeof r);
+    if (s.n < sizeof r) return 0;
     if (r.result == SCHED_STOLEN) {
         sched_report(t, "threads ran unscheduled from here (record broke a stall: a "
                         "busy-wait or a blocking call the shim does not see)", r.grant, op);
@@ -252,7 +305,6 @@ static int32_t take_replay(tls_t *t, int op) {
     }
     int64_t last = 0;
     uint64_t seen = ~0ULL;
-    if (UNLIKELY(g_resume) && !t->promised) promise(t, r.grant, 1); /* before any waiting */
     for (;;) {
         uint64_t st = __atomic_load_n(&S.state, __ATOMIC_ACQUIRE);
         if (S.broken) {
@@ -784,6 +836,8 @@ static void sched_after_fork_child(void) {
     S.stall_ns = stall;
     memset(g_bk, 0, sizeof g_bk);
     T.holding = 0;
+    g_stepping = T.stepping; /* only this thread came along */
+    g_peer_waits = T.peer_waits;
 }
 
 /* Only a call that can block hands the baton on. One that cannot (a non-blocking socket,

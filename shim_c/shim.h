@@ -131,6 +131,8 @@ static int g_tape_proto = STENO_PROTOCOL;
  * it goes live anyway (live.c), and a replayed wait for another thread's fds before it
  * does the same (netio.c). */
 #define LIVE_WAIT_MS 2000
+#define LIVE_WAIT_PEER_MS 10000 /* ...while a thread waits in a replayed call (live.c) */
+#define LIVE_WAIT_CAP_MS 60000  /* ...however busy the other threads look */
 /* Replay: how long a wait for fds another thread makes ready (an epoll wait that found
  * them ready when recorded, netio.c) goes on with no record served before it is a
  * divergence. */
@@ -229,6 +231,8 @@ typedef struct {
     int live_deadline; /* the last clock read was a live bookkeeping read (clock.c) */
     uint32_t promised; /* resume: the grant (+1) this thread was served and waits for as the
                         * process goes live (sched.c promise) */
+    int stepping;      /* resume: inside take_replay between its step and its promise */
+    int peer_waits;    /* resume: blocked in replayed calls for what was recorded (core.c) */
     int counted;       /* a thread counted in g_live_threads (threads.c) */
     uint32_t tindex;
     ring_t *tb; /* record: this thread's ring (ring.c) */

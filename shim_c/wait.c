@@ -184,8 +184,12 @@ static int poll_taped(struct pollfd *fds, nfds_t nfds, int timeout) {
     case STEP_TIMED_OUT:
         for (nfds_t i = 0; i < nfds; i++) fds[i].revents = 0;
         return 0;
-    case STEP_READY:
-        return real_poll(fds, nfds, patient(timeout));
+    case STEP_READY: {
+        int peer = peer_wait_in(), r = real_poll(fds, nfds, patient(timeout)), e = errno;
+        peer_wait_out(peer);
+        errno = e;
+        return r;
+    }
     case STEP_LIVE:
         return real_poll(fds, nfds, timeout);
     case STEP_RECORD:
@@ -264,7 +268,11 @@ static int select_taped(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeva
         return 0;
     case STEP_READY: {
         struct timeval longer = {READY_WAIT_MS / 1000, 0};
-        return real_select(nfds, r, w, x, tv->tv_sec >= longer.tv_sec ? tv : &longer);
+        int peer = peer_wait_in();
+        int k = real_select(nfds, r, w, x, tv->tv_sec >= longer.tv_sec ? tv : &longer), e = errno;
+        peer_wait_out(peer);
+        errno = e;
+        return k;
     }
     case STEP_LIVE:
         return real_select(nfds, r, w, x, tv);
@@ -324,7 +332,12 @@ static int epoll_wait_taped(int ep, struct epoll_event *ev, int max, int timeout
     epollargs_t args = {timeout, max};
     switch (wait_step(t, OP_EPOLL, &args, sizeof args)) {
     case STEP_TIMED_OUT: return 0;
-    case STEP_READY: return real_epoll_wait(ep, ev, max, patient(timeout));
+    case STEP_READY: {
+        int peer = peer_wait_in(), r = real_epoll_wait(ep, ev, max, patient(timeout)), e = errno;
+        peer_wait_out(peer);
+        errno = e;
+        return r;
+    }
     case STEP_LIVE: return real_epoll_wait(ep, ev, max, timeout);
     case STEP_RECORD: break;
     }
@@ -346,7 +359,13 @@ static int epoll_pwait_taped(int ep, struct epoll_event *ev, int max, int timeou
     epollargs_t args = {timeout, max};
     switch (wait_step(t, OP_EPOLL, &args, sizeof args)) {
     case STEP_TIMED_OUT: return 0;
-    case STEP_READY: return real_epoll_pwait(ep, ev, max, patient(timeout), ss);
+    case STEP_READY: {
+        int peer = peer_wait_in(), r = real_epoll_pwait(ep, ev, max, patient(timeout), ss);
+        int e = errno;
+        peer_wait_out(peer);
+        errno = e;
+        return r;
+    }
     case STEP_LIVE: return real_epoll_pwait(ep, ev, max, timeout, ss);
     case STEP_RECORD: break;
     }

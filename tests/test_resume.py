@@ -432,3 +432,57 @@ def test_clocks_do_not_run_backwards_where_a_resume_goes_live(tmp_path: Path) ->
         assert cpu == sorted(cpu) and mono == sorted(mono), rows[25:35]
     finally:
         svc.stop()
+
+
+BUSY = """
+import sys, threading, time, requests
+base = sys.argv[1]
+done = threading.Event()
+
+def work():
+    time.sleep(0.2)  # the main thread meanwhile waits for `done`: nobody asks for a turn
+    s = 0
+    for i in range({n}):  # on the CPU, and no call the shim sees
+        s += i
+    print("summed", s, flush=True)
+    r = requests.post(base + "/payments", json={{"amount": 1, "to": "w"}})
+    print("paid", r.json()["id"], flush=True)
+    print("seen", requests.get(base + "/servers", params={{"name": "x"}}).json()["servers"],
+          flush=True)
+    done.set()
+
+threading.Thread(target=work).start()
+done.wait()
+print("done", flush=True)
+"""
+
+
+def _loop_for(seconds: float) -> int:
+    """How many turns of ``s += i`` take ``seconds`` here."""
+    n, t0 = 2_000_000, time.perf_counter()
+    s = 0
+    for i in range(n):
+        s += i
+    return int(n * seconds / (time.perf_counter() - t0))
+
+
+def test_a_thread_long_on_the_cpu_mid_prefix_is_waited_for(tmp_path: Path) -> None:
+    """The main thread reaches its prefix's end at once and parks; the worker computes
+    for longer than ``LIVE_WAIT_MS`` (2 s) before its recorded calls. Running, it is not
+    a thread blocked in a call the shim does not see: the process waits for it rather
+    than go live with it mid-prefix (which left its unreplayed records in the log before
+    its live ones, and the whole trajectory then did not replay)."""
+    svc, store, current = _crashed(tmp_path, BUSY.format(n=_loop_for(2.6)), ("read", 1))
+    try:
+        done = _again(current, None, [*CLI, "resume", str(store), "t"], tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "done" in done.stdout and svc.stats()["payments"] == 1
+        exp = subprocess.run([*CLI, "log", "export", str(store), "t", "-o",
+                              str(tmp_path / "r.steno")], capture_output=True, text=True,
+                             env=_env(), timeout=60)
+        assert exp.returncode == 0, exp.stderr
+        rep = subprocess.run([*CLI, "replay", str(tmp_path / "r.steno")], capture_output=True,
+                             text=True, env=_env(), timeout=120)
+        assert rep.returncode == 0 and "bit-identical" in rep.stderr, rep.stderr[-2000:]
+    finally:
+        svc.stop()
