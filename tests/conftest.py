@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from warm import db, pg, s3  # noqa: F401 (the warm tier's servers: test_ship, test_fleet)
 
 from stenograph.recorder.codec import Event
 from stenograph.recorder.group_commit import CommitSettings

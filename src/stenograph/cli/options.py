@@ -57,11 +57,25 @@ def policy_options(fn: Any) -> Any:
 
 
 def lease_option(fn: Any) -> Any:
-    return click.option("--lease-ttl", type=click.FloatRange(min=0.1), default=30.0,
-                        show_default=True, metavar="SECONDS",
-                        help="How long the worker's lease on the store lasts unrenewed: "
-                        "after that, a worker that stopped (killed, paused) can be taken "
-                        "over by `stenograph resume`.")(fn)
+    """``--lease-ttl``, ``--db``, ``--blobs`` (record, resume): the worker's lease, and
+    the fleet it may belong to."""
+    for opt in reversed([
+        click.option("--lease-ttl", type=click.FloatRange(min=0.1), default=30.0,
+                     show_default=True, metavar="SECONDS",
+                     help="How long the worker's lease on the store lasts unrenewed: "
+                     "after that, a worker that stopped (killed, paused) can be taken "
+                     "over by `stenograph resume`."),
+        click.option("--db", "db", metavar="postgresql://...", default=None,
+                     help="The fleet's warm tier: the trajectory's lease is its row there "
+                     "(any host's `resume --db` can take it over once it runs out), and "
+                     "the store ships its events there as they commit (docs/fleet.md)."),
+        click.option("--blobs", "blobs", metavar="s3://BUCKET/PREFIX", default=None,
+                     help="With --db: where blobs and snapshots go (record) and come from "
+                     "(resume on another host); AWS_ENDPOINT_URL and the AWS_* keys reach "
+                     "any S3-compatible server."),
+    ]):
+        fn = opt(fn)
+    return fn
 
 
 def exit_code(status: int) -> int:

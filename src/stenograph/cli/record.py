@@ -65,7 +65,8 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
            ws_not_secret: tuple[str, ...], ws_max: str | None,
            checkpoint_every: int | None, mtbf: float, policy_file: str | None,
            budget_tokens: int | None, budget_usd: float | None, prices_file: str | None,
-           lease_ttl: float, cmd: tuple[str, ...]) -> None:
+           lease_ttl: float, db: str | None, blobs: str | None,
+           cmd: tuple[str, ...]) -> None:
     """Run CMD under the tape and record everything it reads from the world.
 
     The workspace (the working directory unless --workspace says otherwise) is
@@ -86,7 +87,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
         argv, traj, out, store, keep_store=bool(store_dir), asyncio=asyncio_loop,
         workspace=ws, cadence=Cadence(mtbf=mtbf * 3600, every=checkpoint_every),
         authorizer=authorizer_for(policy_file, budget_tokens, budget_usd, prices_file),
-        lease_ttl=lease_ttl, shapes=shapes))
+        lease_ttl=lease_ttl, shapes=shapes, db=db, blobs=blobs))
     if rec.held is not None:
         raise rec.held.error(str(store), traj)
     _summary(rec)

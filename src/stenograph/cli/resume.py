@@ -41,14 +41,20 @@ from stenograph.runner.session import Held
 @lease_option
 def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
            drift: str, as_json: bool, policy_file: str | None, budget_tokens: int | None,
-           budget_usd: float | None, prices_file: str | None, lease_ttl: float) -> None:
+           budget_usd: float | None, prices_file: str | None, lease_ttl: float,
+           db: str | None, blobs: str | None) -> None:
     """Resume TRAJ in STORE: replay what it recorded up to the crash, then go on live.
 
     Nothing recorded is done twice: model replies and tool results come from the log;
     an effect whose intent is durable but whose result is not is settled first (sent
     again with its recorded idempotency key, its tool's probe asked, or left to a
     person: exit 4 and `stenograph settle`). Crash and resume any number of times.
-    Exits with the program's status once it ran to its end."""
+    Exits with the program's status once it ran to its end.
+
+    On another host: `stenograph resume STORE TRAJ --db URL [--blobs s3://...]` takes the
+    trajectory's lease in the warm tier (its epoch + 1, once the old worker's ran out),
+    brings its shipped events and blobs into STORE, and resumes it here; the old worker,
+    if it comes back, is fenced (exit 8)."""
     traj_id(traj)
     patterns = []
     for p in escalate:
@@ -59,7 +65,7 @@ def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
     out = resume_run(ResumeRequest(
         store, traj, settle_http=settle_http, escalate=patterns, drift=drift,
         authorizer=authorizer_for(policy_file, budget_tokens, budget_usd, prices_file),
-        lease_ttl=lease_ttl))
+        lease_ttl=lease_ttl, db=db, blobs=blobs))
     if as_json:
         click.echo(json.dumps(out, sort_keys=True, default=str))
     if not out["resumed"]:

@@ -102,13 +102,15 @@ def _fleet(url: str, traj: str | None, out: str) -> None:
     from rich.table import Table
 
     t = Table(box=None, pad_edge=False)
-    for col in ("trajectory", "host", "state", "last", "effects", "in doubt",
+    for col in ("trajectory", "host", "state", "epoch", "last", "effects", "in doubt",
                 "approvals", "shipped"):
         t.add_column(col, justify="right" if col in ("effects", "in doubt", "approvals")
                      else "left")
     for r in rows:
         ago = r["shipped_ago"]
-        t.add_row(r["traj"], r["host"], r["state"], f"{r['last_kind']} #{r['last_seq']}",
+        t.add_row(r["traj"], r["host"], r["state"],
+                  "-" if r["epoch"] is None else str(r["epoch"]),
+                  f"{r['last_kind']} #{r['last_seq']}",
                   str(r["effects"]), str(r["in_doubt"]), str(r["approvals_waiting"]),
                   "-" if ago is None else f"{ago:.0f} s ago")
     Console(width=160, highlight=False).print(t)

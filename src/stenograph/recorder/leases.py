@@ -11,8 +11,8 @@ fencing tokens (``stenograph.fencing.Gate``) refuses anything it still sends.
 
 Leases are per trajectory: any number of trajectories of a store run at once. The
 interface is small on purpose (``acquire``, ``renew``, ``release``, ``current``), so a
-fleet can put it on PostgreSQL (a row per trajectory, ``UPDATE ... WHERE token = $1``)
-in place of these files: ``STORE/leases/<traj>.json``.
+fleet puts it on PostgreSQL (``warm/leases.py``: a row per trajectory) beside these
+files: ``STORE/leases/<traj>.json``.
 """
 
 from __future__ import annotations
@@ -109,12 +109,14 @@ class LocalLeases:
             f.write(json.dumps(asdict(lease)))
         os.replace(tmp, self._path(lease.traj))
 
-    def acquire(self, traj: str, epoch: int, ttl: float = DEFAULT_TTL) -> Lease:
-        """Take ``traj`` at ``epoch`` (at least one above its lease's own).
+    def acquire(self, traj: str, epoch: int, ttl: float = DEFAULT_TTL,
+                token: str | None = None) -> Lease:
+        """Take ``traj`` at ``epoch`` (at least one above its lease's own), under
+        ``token`` (new if None: ``FleetLeases`` passes its row's).
         ``StoreLocked`` while another worker's lease on it is live."""
         with self._locked():
             cur = self.current(traj)
-            if cur is not None and cur.live() and not _gone(cur):
+            if cur is not None and cur.live() and not gone(cur):
                 left = cur.expires_at - time.time()
                 raise StoreLocked(f"{cur.traj} is held by pid {cur.pid} on {cur.host} at "
                                   f"epoch {cur.epoch} (its lease runs {left:.0f}s more)",
@@ -122,7 +124,7 @@ class LocalLeases:
             if cur is not None:
                 epoch = max(epoch, cur.epoch + 1)
             lease = Lease(traj, epoch, os.getpid(), os.uname().nodename,
-                          secrets.token_hex(8), time.time() + ttl)
+                          token or secrets.token_hex(8), time.time() + ttl)
             self._write(lease)
             return lease
 
@@ -150,12 +152,12 @@ class LocalLeases:
     def held_by_other(self, traj: str | None = None) -> Lease | None:
         """A live lease of another process, on ``traj`` (or on any trajectory)."""
         for cur in [self.current(traj)] if traj is not None else self.all():
-            if cur is not None and cur.live() and cur.pid != os.getpid() and not _gone(cur):
+            if cur is not None and cur.live() and cur.pid != os.getpid() and not gone(cur):
                 return cur
         return None
 
 
-def _gone(lease: Lease) -> bool:
+def gone(lease: Lease) -> bool:
     """A holder on this host that no longer exists cannot renew: its lease is over."""
     if lease.host != os.uname().nodename:
         return False
@@ -172,7 +174,7 @@ class Heartbeat:
     """Renews a lease every ``ttl / 3`` seconds; calls ``lost(current)`` once if it finds
     the lease taken (another worker's epoch), and stops."""
 
-    def __init__(self, leases: LocalLeases, lease: Lease, ttl: float,
+    def __init__(self, leases: Any, lease: Lease, ttl: float,
                  lost: Callable[[Lease | None], Any]) -> None:
         self.leases, self.lease, self.ttl, self.lost = leases, lease, ttl, lost
         self.is_lost = False

@@ -63,6 +63,10 @@ class RecordRequest:
     authorizer: Any = None
     lease_ttl: float = 30.0
     shapes: KeyShapes | None = None
+    db: str | None = None
+    """``--db``: the lease is the trajectory's row in the warm tier, which the store
+    ships to as it commits."""
+    blobs: str | None = None
 
 
 @dataclass
@@ -151,7 +155,7 @@ def _record_failed(exc: OSError, req: RecordRequest, existed: bool,
 def _record_into(req: RecordRequest, tmp: Path, ran: dict[str, Any]) -> Recorded:
     """The run under the worker's lease. The program's result goes into ``ran`` as soon
     as it has one (a failure after it must still report the program's exit status)."""
-    worker = Worker(req.store, req.traj, 0, req.lease_ttl)
+    worker = Worker(req.store, req.traj, 0, req.lease_ttl, db=req.db, blobs=req.blobs)
     try:
         return _record_leased(req, tmp, ran, worker)
     except StenographError as exc:

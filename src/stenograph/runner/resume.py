@@ -35,7 +35,7 @@ from stenograph.recorder.checkpoints import Checkpointer
 from stenograph.recorder.codec import Event
 from stenograph.recorder.didwhat import described
 from stenograph.recorder.drift import signature, tool_calls_of
-from stenograph.recorder.errors import BadInput, StenographError
+from stenograph.recorder.errors import BadInput, StenographError, StoreLocked
 from stenograph.recorder.exchanges import ExchangeServer
 from stenograph.recorder.hostclient import HostRecorderLost
 from stenograph.recorder.reader import StoreReader
@@ -76,6 +76,10 @@ class ResumeRequest:
     drift: str = "cross"
     authorizer: Any = None
     lease_ttl: float = 30.0
+    db: str | None = None
+    """``--db``: the lease is the row in the warm tier; a trajectory this store does not
+    have is brought from there first (another host recorded it)."""
+    blobs: str | None = None
 
 
 PROBE_TIMEOUT = 120.0
@@ -126,10 +130,39 @@ def run_probe(probe: Any, doubt: dict[str, Any], cwd: str) -> ProbeSaid | None:
         return ProbeSaid("done")  # (not an answer: settled done, with nothing to give)
 
 
+def _bring(req: ResumeRequest) -> None:
+    """``--db``: a trajectory this store lacks comes from the warm tier (its events, and
+    from ``--blobs`` what they need), once no live lease elsewhere holds it."""
+    from stenograph.recorder.reader import is_store
+
+    if is_store(req.store) and any(True for _ in StoreReader(req.store).events(
+            traj=req.traj, lazy_tape=True)):
+        return
+    from stenograph.warm.fetch import fetch_trajectory
+    from stenograph.warm.leases import PgLeases
+    from stenograph.warm.objects import ObjectStore
+
+    pg = PgLeases(req.db or "", "")
+    try:
+        other = pg.held_by_other(req.traj)
+    finally:
+        pg.close()
+    if other is not None:  # (refused before anything is copied; the claim checks again)
+        raise StoreLocked(f"{req.traj} is held by pid {other.pid} on {other.host} at epoch "
+                          f"{other.epoch}: resume it once its lease runs out", str(req.store))
+    blobs = BlobStore(req.store / "blobs")
+    got = fetch_trajectory(req.db or "", req.traj, blobs,
+                           ObjectStore(req.blobs) if req.blobs else None)
+    with open_writer(req.store) as s:
+        got.write(s, req.traj, blobs)
+
+
 def resume(req: ResumeRequest) -> dict[str, Any]:
     """Resume ``req.traj``; the outcome (``resumed``, ``status``, ``paused``,
     ``divergences``, ``attention``, ``set_aside``...) for the CLI to report."""
     store, traj = req.store, req.traj
+    if req.db is not None:
+        _bring(req)
     if not (store / "wal").is_dir():
         raise BadInput("not a store (no wal/ directory)", str(store))
     events = list(StoreReader(store).events(traj=traj, lazy_tape=True))
@@ -144,7 +177,8 @@ def resume(req: ResumeRequest) -> dict[str, Any]:
         raise BadInput(f"{traj} has no RunStarted with a command: nothing to resume from",
                        str(store))
     prepare.protocol(started, str(store), offer_build=False)
-    worker = Worker(store, traj, rp.state.epoch + 1, req.lease_ttl)
+    worker = Worker(store, traj, rp.state.epoch + 1, req.lease_ttl, db=req.db,
+                    blobs=req.blobs)
     try:
         # read again now that this worker holds the store: nothing can be appended
         # between this plan and the claim (a worker that lost its lease is fenced)

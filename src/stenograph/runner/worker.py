@@ -2,7 +2,9 @@
 
 Renewed by a heartbeat (``recorder/leases.py``); when another worker takes the trajectory
 over (this one was paused past its lease), the program is killed at once and the run ends
-fenced (exit 8)."""
+fenced (exit 8). With ``--db`` the lease is the trajectory's row in PostgreSQL too
+(``warm/leases.py``), and the worker ships its store to the warm tier as it commits, so
+another host can take the trajectory over (``resume --db``)."""
 
 from __future__ import annotations
 
@@ -20,15 +22,36 @@ from stenograph.runner.lines import fenced_line
 class Worker:
     """This worker's lease on ``traj`` at ``epoch``, renewed until ``close``."""
 
-    def __init__(self, store: Path, traj: str, epoch: int, ttl: float) -> None:
+    def __init__(self, store: Path, traj: str, epoch: int, ttl: float,
+                 db: str | None = None, blobs: str | None = None) -> None:
         if not is_store(store):  # the lease lives in the store: make it first
             init_store(store)
         self.store = store
-        self.leases = LocalLeases(store)
-        self.lease = self.leases.acquire(traj, epoch, ttl)
+        self.leases: Any = LocalLeases(store)
+        if db is not None:  # the fleet's row decides, the store's file follows
+            from stenograph.warm.leases import FleetLeases, PgLeases
+            from stenograph.warm.ship import store_id
+
+            self.leases = FleetLeases(self.leases, PgLeases(db, store_id(store)))
+        try:
+            self.lease = self.leases.acquire(traj, epoch, ttl)
+        except BaseException:
+            if db is not None:
+                self.leases.close()
+            raise
         self.proc: Any = None
         self.lost_to: Any = None
         self.heartbeat = Heartbeat(self.leases, self.lease, ttl, self._lost)
+        self.following: Any = None
+        if db is not None:  # the store's events go to the warm tier as they commit
+            from stenograph.warm.objects import ObjectStore
+            from stenograph.warm.ship import Following
+
+            try:
+                self.following = Following(store, db, ObjectStore(blobs) if blobs else None)
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def epoch(self) -> int:
@@ -58,5 +81,14 @@ class Worker:
             str(self.store), self.lease.traj, f"lost the lease on {self.lease.traj}: taken "
             f"over{by} while this worker was not renewing it; this worker stopped"), None)
 
+    @property
+    def ship_error(self) -> str | None:
+        """Why the warm tier did not get everything (``--db``), if it did not."""
+        return self.following.error if self.following is not None else None
+
     def close(self) -> None:
+        if self.following is not None:
+            self.following.close()  # the last pass, under the lease still
         self.heartbeat.close()
+        if hasattr(self.leases, "close"):
+            self.leases.close()

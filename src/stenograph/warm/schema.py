@@ -14,6 +14,10 @@ documents these tables, ``tests/test_ship.py`` reads them back.
   as the batch it covers: a shipper killed mid-batch ships that batch again, and the
   conflict rule drops what was already there.
 * ``steno_approvals``: requests for a person and their answers, from the events.
+* ``steno_leases``: who runs each trajectory now (``--db``): its epoch, the worker's pid,
+  host and token, the store it writes, and when its lease runs out (the database's
+  clock). ``warm/leases.py`` takes and renews it; the shipper ships a trajectory only
+  from the store that holds it.
 * ``steno_effects`` (a view): each effect's intent with what settled it, if anything: its
   own result (``ToolResult``, or the ``Exchange`` of the hooked call that made it) or a
   person's word (``Settled``); ``in-doubt`` otherwise, as ``status`` folds it.
@@ -78,6 +82,15 @@ CREATE TABLE IF NOT EXISTS steno_approvals (
     decided_by text,
     decided_at timestamptz,
     PRIMARY KEY (trajectory_id, call_id)
+);
+CREATE TABLE IF NOT EXISTS steno_leases (
+    trajectory_id text PRIMARY KEY,
+    epoch bigint NOT NULL,
+    pid int NOT NULL,
+    host text NOT NULL,
+    token text NOT NULL,
+    store_id text NOT NULL,
+    expires_at timestamptz NOT NULL
 );
 CREATE OR REPLACE VIEW steno_effects AS
 SELECT i.trajectory_id, i.body->>'call_id' AS call_id, i.body->>'target' AS target,

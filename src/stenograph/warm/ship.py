@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,11 +29,12 @@ from typing import Any
 
 from stenograph.recorder.blobs import BlobStore
 from stenograph.recorder.codec import Event, jsonable, pack_body
-from stenograph.recorder.errors import BadInput
+from stenograph.recorder.errors import BadInput, StenographError
 from stenograph.recorder.gc import needed
 from stenograph.recorder.hostclient import synced_lsn
 from stenograph.recorder.reader import StoreReader, check_store, read_salt
 from stenograph.warm import schema
+from stenograph.warm.db import connect
 from stenograph.warm.errors import WarmTierError, first_line, safe_url
 from stenograph.warm.objects import ObjectStore
 
@@ -66,6 +68,8 @@ class Shipped:
     """Objects this pass wrote to the object store (one already there is not counted)."""
     missing_blobs: int = 0
     """Blobs an event names that the store no longer has."""
+    fenced: int = 0
+    """Events not shipped: their trajectory's lease is another store's (it moved)."""
 
     @property
     def lag(self) -> int:
@@ -77,7 +81,7 @@ class Shipped:
                 "committed": self.committed, "lag": self.lag,
                 "seconds": round(self.seconds, 3),
                 "trajectories": sorted(self.trajectories), "blobs": self.blobs,
-                "missing_blobs": self.missing_blobs}
+                "missing_blobs": self.missing_blobs, "fenced": self.fenced}
 
 
 @dataclass
@@ -110,29 +114,9 @@ class Shipper:
     # -- the database
 
     def connect(self) -> None:
-        """Connect and create the schema if it is not there (under an advisory lock:
-        two shippers starting at once do not race on the DDL)."""
-        try:
-            import psycopg
-        except ImportError:
-            raise BadInput("ship needs psycopg 3: pip install 'stenograph[fleet]'",
-                           self.url) from None
-        try:
-            self._conn = psycopg.connect(self.url, connect_timeout=10, autocommit=True)
-        except psycopg.Error as exc:
-            raise WarmTierError(f"cannot reach the warm tier: {first_line(exc)}",
-                                safe_url(self.url)) from None
+        """Connect (the schema made if missing) and make this store's cursor."""
+        self._conn = connect(self.url)
         with self._tx() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(hashtext('stenograph schema'))")
-            cur.execute(schema.DDL)
-            cur.execute("SELECT version FROM steno_schema")
-            row = cur.fetchone()
-            if row is None:
-                cur.execute("INSERT INTO steno_schema VALUES (%s)", (schema.SCHEMA_VERSION,))
-            elif row[0] > schema.SCHEMA_VERSION:
-                raise WarmTierError(f"the warm tier's schema is version {row[0]}; this "
-                                    f"stenograph knows {schema.SCHEMA_VERSION}",
-                                    safe_url(self.url))
             cur.execute("INSERT INTO steno_cursors (store_id, host, path, lsn) "
                         "VALUES (%s, %s, %s, 0) ON CONFLICT (store_id) DO NOTHING",
                         (self.id, self.host, str(self.store.resolve())))
@@ -201,6 +185,7 @@ class Shipper:
             total.trajectories |= got.trajectories
             total.blobs += got.blobs
             total.missing_blobs += got.missing_blobs
+            total.fenced += got.fenced
             total.cursor, total.committed = got.cursor, got.committed
             total.seconds += got.seconds
             if stop():
@@ -225,6 +210,19 @@ class Shipper:
             with self._tx() as cur:
                 cur.execute("SELECT lsn FROM steno_cursors WHERE store_id = %s FOR UPDATE",
                             (self.id,))
+                # fencing: a trajectory whose lease another store holds (it moved there)
+                # is that store's to ship; what this one still has of it is dropped
+                cur.execute("SELECT trajectory_id FROM steno_leases WHERE trajectory_id = "
+                            "ANY(%s) AND store_id <> %s FOR SHARE",
+                            (sorted({ev.traj for ev in events}), self.id))
+                moved = {r[0] for r in cur.fetchall()}
+                if moved:
+                    keep = [i for i, ev in enumerate(events) if ev.traj not in moved]
+                    out.fenced += len(events) - len(keep)
+                    rows = [rows[i] for i in keep]
+                    events_kept = [events[i] for i in keep]
+                else:
+                    events_kept = events
                 for month in {r[2].date().replace(day=1) for r in rows}:
                     cur.execute(schema.partition_ddl(month))
                 cur.execute(schema.STAGE)
@@ -234,8 +232,9 @@ class Shipper:
                     for r in rows:
                         copy.write_row(r)
                 cur.execute(schema.MOVE_STAGE)
-                self._trajectories(cur, events, trajs)
-                self._approvals(cur, events)
+                if events_kept:
+                    self._trajectories(cur, events_kept, trajs)
+                    self._approvals(cur, events_kept)
                 cur.execute("UPDATE steno_cursors SET lsn = GREATEST(lsn, %s), "
                             "shipped = shipped + %s, updated_at = now(), host = %s "
                             "WHERE store_id = %s",
@@ -381,3 +380,38 @@ def default_url() -> str | None:
     """``STENO_DB`` (or ``DATABASE_URL``) when no URL is given."""
     return os.environ.get("STENO_DB") or os.environ.get("DATABASE_URL")
 
+
+
+class Following:
+    """A worker's own shipper (``record``/``resume --db``): ships its store's committed
+    events every ``every`` seconds while the run goes on, and once more at the end, so a
+    host lost for good leaves in the warm tier all it committed up to the last pass. A
+    warm tier that cannot be reached does not stop the run: ``error`` says why, and
+    ``ship`` run later catches up from the cursor."""
+
+    def __init__(self, store: Path, url: str, objects: ObjectStore | None = None,
+                 every: float = 0.5) -> None:
+        self.shipper = Shipper(store, url, objects=objects)
+        self.shipper.connect()
+        self.every = every
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="steno-ship", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.shipper.follow(every=self.every, stop=self._stop.is_set)
+        except StenographError as exc:
+            self.error = str(exc.args[0]) if exc.args else type(exc).__name__
+
+    def close(self) -> None:
+        """The last pass, then the connection closed."""
+        self._stop.set()
+        self._thread.join()
+        if self.error is None:
+            try:
+                self.shipper.ship()
+            except StenographError as exc:
+                self.error = str(exc.args[0]) if exc.args else type(exc).__name__
+        self.shipper.close()
