@@ -51,12 +51,12 @@ test: $(STAMP) $(USTAMP)
 	@command -v go >/dev/null || \
 	    (apt-get install -y golang-go >/dev/null 2>&1 || \
 	     (apt-get update >/dev/null && apt-get install -y golang-go >/dev/null))
-# three workers, a test file each (its module fixtures recorded once): the suite waits on
-# disks and children as much as on either core (four: 605 s here against 658 s, unloaded,
-# but more of the suite's timing at stake beside another job). Then, alone, tests/test_kill.py, whose
-# replays of trees killed at random moments were seen to end short beside another
-# worker's load (docs/determinism.md, "killed runs")
-	$(BIN)/pytest -n 3 --dist loadfile -m "not alone" --durations=25
+# four workers, a test file each (its module fixtures recorded once): the suite waits on
+# disks and children as much as on either core (three: 658 s here against 605 s for four,
+# unloaded). Then, alone, tests/test_kill.py, whose replays of trees killed at random
+# moments were seen to end short beside another worker's load (docs/determinism.md,
+# "killed runs"). `-m soak` (the oldest aiohttp's test run) is make soak's.
+	$(BIN)/pytest -n 4 --dist loadfile -m "not alone and not soak" --durations=25
 	$(BIN)/pytest -m alone
 
 bench: $(STAMP) $(USTAMP)
@@ -84,6 +84,7 @@ bench: $(STAMP) $(USTAMP)
 	$(BIN)/python bench/commands.py
 
 soak: $(STAMP)
+	$(BIN)/pytest -q -m soak
 	STENO_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q tests/test_fuzz_readers.py
 	STENO_FRAMEWORK_RUNS=3x10 STENO_FRAMEWORK_RESUME=langgraph,openai_agents,pydantic_ai,litellm,smolagents \
 	    $(BIN)/pytest -q tests/test_frameworks.py
@@ -93,7 +94,7 @@ soak: $(STAMP)
 	STENO_THREAD_RUNS=3x10 $(BIN)/pytest -q tests/test_threads.py
 	STENO_ASYNC_RUNS=3x10 $(BIN)/pytest -q tests/test_asyncio_loop.py
 	STENO_MCP_RUNS=3x3 $(BIN)/pytest -q tests/test_mcp.py tests/test_mcp_effects.py
-# the property tests at three times their written counts (make test runs a third)
+# the property tests at three times their written counts (make test runs a quarter)
 	STENO_SCALE=3 $(BIN)/pytest -q tests/test_log_robust.py tests/test_recovery.py \
 	    tests/test_crash.py tests/test_http_streaming.py
 # the toolbox sweep, every tool (go and rg from Debian's golang-go and ripgrep)

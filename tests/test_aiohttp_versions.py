@@ -27,7 +27,7 @@ def _oldest_aiohttp() -> Path:
     return installed(f"aiohttp-{OLDEST}", f"aiohttp=={OLDEST}.*", "aiohttp")
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_aiohttp_tests_pass_on_the_oldest_supported_aiohttp() -> None:
     target = _oldest_aiohttp()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STENO_")}

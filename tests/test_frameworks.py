@@ -112,7 +112,7 @@ FRAMEWORKS = {
     "litellm": Framework("litellm", "litellm_agent.py"),
     "smolagents": Framework("smolagents", "smolagents_agent.py", "smolagents_script.json"),
 }
-RESUMED = os.environ.get("STENO_FRAMEWORK_RESUME", "langgraph,openai_agents").split(",")
+RESUMED = os.environ.get("STENO_FRAMEWORK_RESUME", "langgraph").split(",")
 """Which frameworks `make test` crashes and resumes (thread pools; the asyncio loop on
 the tape); `make soak` does all five."""
 
