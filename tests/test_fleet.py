@@ -179,3 +179,124 @@ def test_resume_db_of_a_trajectory_nobody_shipped_is_one_line(tmp_path: Path,
                           capture_output=True, text=True, timeout=60)
     assert down.returncode == 7 and len(down.stderr.strip().splitlines()) == 1, down.stderr
     assert not store.exists()
+
+
+APPROVALS = """
+import requests, sys, stenograph
+base = sys.argv[1]
+a = stenograph.approval("deploy web1", "provision web1 in prod", expires=3600)
+print("approved by", a.by, a.note, flush=True)
+r = requests.post(base + "/servers", json={"name": "web1"})
+print("server", r.json()["id"], flush=True)
+
+@stenograph.tool(effect=True, approval=lambda amount, to: f"pay {amount} to {to}")
+def pay(amount, to):
+    return requests.post(base + "/payments", json={"amount": amount, "to": to}).json()
+
+try:
+    print("paid", pay(5, "alice")["id"])
+except stenograph.ApprovalDenied as e:
+    print("not paid:", e)
+print("done")
+"""
+
+
+def _waiting(url: str) -> list[str]:
+    return [r[0] for r in q(url, "SELECT call_id FROM steno_approvals WHERE trajectory_id "
+                                 "= 't' AND decision IS NULL ORDER BY requested_at")]
+
+
+def test_a_decision_given_through_the_db_releases_a_run_paused_on_another_host(
+        tmp_path: Path, db: str, s3: S3) -> None:
+    """Host A's run pauses for an approval (exit 5). A person on a third machine approves
+    it with ``approve --db`` (no store there); host B resumes the trajectory, which takes
+    the decision into its log, provisions, and pauses at the payment's approval; ``deny
+    --db``, and B's next resume ends the run without paying. Wrong calls and second
+    decisions are refused in one line."""
+    (tmp_path / "p.py").write_text(APPROVALS)
+    a_store, b_store = tmp_path / "host-a", tmp_path / "host-b"
+    blobs = f"s3://{s3.bucket}/approvals"
+    env = _env(**s3.env())
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=180)
+
+    with EffectService() as svc:
+        rec = cli("record", "--store", str(a_store), "--traj", "t", "--workspace", "none",
+                  "--db", db, "--blobs", blobs, "-o", str(tmp_path / "t.steno"), "--",
+                  sys.executable, "p.py", svc.url)
+        assert rec.returncode == 5, rec.stderr[-2000:]
+        (first,) = _waiting(db)
+        bad = cli("approve", "--db", db, "t", "0/approval/9", "--by", "ops")
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert "no approval" in bad.stderr
+        ok = cli("approve", "--db", db, "t", first, "--by", "ops", "--note", "go")
+        assert ok.returncode == 0, ok.stderr
+        again = cli("approve", "--db", db, "t", first, "--by", "ops")
+        assert again.returncode == 2 and "already approved" in again.stderr, again.stderr
+        nope = cli("settle", "--db", db, "t", "0/net/7", "--as", "done")
+        assert nope.returncode == 2 and "no effect" in nope.stderr, nope.stderr
+
+        b = cli("resume", str(b_store), "t", "--db", db, "--blobs", blobs)
+        assert b.returncode == 5, b.stderr[-2000:]
+        assert "approved by ops go" in b.stdout and "server srv_1" in b.stdout
+        (second,) = _waiting(db)
+        assert second != first and svc.stats()["servers"] == 1
+        no = cli("deny", "--db", db, "t", second, "--by", "cfo", "--note", "over budget")
+        assert no.returncode == 0, no.stderr
+        end = cli("resume", str(b_store), "t", "--db", db, "--blobs", blobs)
+        assert end.returncode == 0, end.stderr[-2000:]
+        assert "not paid: tool pay: denied by cfo: over budget" in end.stdout
+        assert svc.stats()["servers"] == 1 and svc.stats()["payments"] == 0
+    (st,) = states(b_store, "t")
+    assert st.state == "ended" and [a.state for a in st.approvals] == ["approved", "denied"]
+    assert [a.by for a in st.approvals] == ["ops", "cfo"]
+    _one_history(b_store, db, "t")
+
+
+PROVISION = """
+import requests, sys
+base = sys.argv[1]
+r = requests.post(base + "/servers", json={"name": "web1"})
+print("server", r.status_code, r.json(), flush=True)
+"""
+
+
+def test_an_effect_settled_through_the_db_is_not_made_again_on_another_host(
+        tmp_path: Path, db: str, s3: S3) -> None:
+    """Host A is killed after the service made a server and before its answer (a
+    request no key makes safe to send again). A person who found the server made says so
+    with ``settle --db ... --as done --result``; host B resumes: the program gets that
+    answer and no second server is made."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "p.py").write_text(PROVISION)
+    a_store, b_store = tmp_path / "host-a", tmp_path / "host-b"
+    blobs = f"s3://{s3.bucket}/settle"
+    env = _env(**s3.env())
+    current = [Run(("applied", 1))]
+    with service(current) as svc:
+        go(current[0], [*CLI, "record", "--store", str(a_store), "--traj", "t", "--db", db,
+                        "--blobs", blobs, "--workspace", "none", "-o",
+                        str(tmp_path / "t.steno"), "--", sys.executable, "p.py", svc.url],
+           work, env)
+        assert current[0].killed.is_set()
+        side = subprocess.run([*CLI, "ship", str(a_store), "--to", db, "--blobs", blobs,
+                               "--once"], env=env, capture_output=True, text=True, timeout=120)
+        assert side.returncode == 0, side.stderr
+        (call,) = [r[0] for r in q(db, "SELECT call_id FROM steno_effects WHERE "
+                                       "state = 'in-doubt'")]
+        (tmp_path / "r.json").write_text(json.dumps({"id": "srv_1", "name": "web1"}))
+        s = subprocess.run([*CLI, "settle", "--db", db, "t", call, "--as", "done",
+                            "--result", str(tmp_path / "r.json"), "--by", "ops"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert s.returncode == 0, s.stderr
+        current[0] = Run(None, resume=True)
+        b = subprocess.run([*CLI, "resume", str(b_store), "t", "--db", db, "--blobs", blobs],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=180)
+        assert b.returncode == 0, b.stderr[-3000:]
+        assert "server 200 {'id': 'srv_1', 'name': 'web1'}" in b.stdout
+        assert svc.stats()["servers"] == 1
+    (row,) = q(db, f"SELECT state, settled_by FROM steno_effects WHERE call_id = '{call}'")
+    assert row == ["settled", "Settled"]

@@ -137,10 +137,40 @@ def brief_command(line: str, width: int = 100) -> str:
     return line if len(line) <= width else line[:width - 3] + "..."
 
 
+def _db_option(f: Any) -> Any:
+    return click.option(
+        "--db", "db_url", metavar="URL", default=None,
+        help="Decide through the warm tier, from any machine: `--db URL TRAJ CALL` (no "
+        "STORE). The trajectory's next `resume --db`, on whichever host, writes it into "
+        "its log.")(f)
+
+
+def _where(store: Path | None, traj: str | None, call: str | None,
+           db_url: str | None) -> tuple[Path | None, str, str]:
+    """STORE TRAJ CALL, or with --db TRAJ CALL (which click read as STORE TRAJ)."""
+    if db_url is not None:
+        if call is not None or traj is None or store is None:
+            raise BadInput("with --db give TRAJ CALL (no STORE)", db_url)
+        if not db_url.startswith(("postgresql://", "postgres://")):
+            raise BadInput("--db wants a postgresql:// URL", db_url)
+        return None, traj_id(str(store)), traj
+    if store is None or traj is None or call is None:
+        raise BadInput("give STORE TRAJ CALL (or --db URL TRAJ CALL)", "arguments")
+    return store, traj_id(traj), call
+
+
+def _held_call(f: Any) -> Any:
+    """[STORE] TRAJ CALL: the call a decision is about (approve, deny, settle); STORE is
+    left out with --db."""
+    f = _db_option(f)
+    for arg in ("call", "traj"):
+        f = click.argument(arg, required=False, metavar="")(f)
+    return click.argument("store", type=click.Path(path_type=Path), required=False,
+                          metavar="[STORE] TRAJ CALL")(f)
+
+
 @click.command("settle")
-@click.argument("store", type=click.Path(path_type=Path))
-@click.argument("traj")
-@click.argument("call")
+@_held_call
 @click.option("--as", "as_", type=click.Choice(["done", "not-done"]), required=True,
               help="What a person found: the effect happened (done) or did not.")
 @click.option("--result", "result_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -153,8 +183,9 @@ def brief_command(line: str, width: int = 100) -> str:
 @click.option("--exit", "exit_status", type=click.IntRange(0, 255), default=None,
               help="With --output: the command's exit status (default 0).")
 @click.option("--by", default=None, help="Who decided (kept in the log).")
-def settle(store: Path, traj: str, call: str, as_: str, result_file: Path | None,
-           output_file: Path | None, exit_status: int | None, by: str | None) -> None:
+def settle(store: Path | None, traj: str | None, call: str | None, db_url: str | None,
+           as_: str, result_file: Path | None, output_file: Path | None,
+           exit_status: int | None, by: str | None) -> None:
     """Record a person's decision on an effect in doubt (a `Settled` event).
 
     \b
@@ -168,7 +199,7 @@ def settle(store: Path, traj: str, call: str, as_: str, result_file: Path | None
     from stenograph.recorder.inputs import input_file
     from stenograph.runner.hostrecorder import open_writer
 
-    traj_id(traj)
+    store, traj, call = _where(store, traj, call, db_url)
     if as_ == "not-done" and (result_file or output_file):
         raise BadInput("--result and --output say what a done call gave; not with "
                        "--as not-done", call)
@@ -187,6 +218,15 @@ def settle(store: Path, traj: str, call: str, as_: str, result_file: Path | None
     if output_file is not None:
         input_file(str(output_file))
         output = output_file.read_bytes()
+    if db_url is not None:
+        from stenograph.warm.decisions import settle as settle_in_db
+
+        what = settle_in_db(db_url, traj, call, as_, by, result, output, exit_status)
+        click.echo(f"stenograph: {traj} {call} ({what}) settled as {as_}, in the warm tier; "
+                   f"`stenograph resume STORE {traj} --db URL` writes it into the log and "
+                   "goes on", err=True)
+        return
+    assert store is not None
     (st,) = states(store, traj)
     eff = next((e for e in st.effects if e.call_id == call), None)
     if eff is None:
@@ -283,11 +323,19 @@ def deliver(store: Path, traj: str, call: str, result_file: Path, by: str | None
                f"{traj}` hands it over", err=True)
 
 
-def _decide(store: Path, traj: str, call: str, decision: str, by: str,
-            note: str | None) -> None:
+def _decide(store: Path | None, traj: str, call: str, decision: str, by: str,
+            note: str | None, db_url: str | None) -> None:
     from stenograph.runner.hostrecorder import open_writer
 
-    traj_id(traj)
+    if db_url is not None:
+        from stenograph.warm.decisions import decide
+
+        what = decide(db_url, traj, call, decision, by, note)
+        click.echo(f"stenograph: {traj} {call} ({what}) {decision} by {by}, in the warm "
+                   f"tier; `stenograph resume STORE {traj} --db URL` on the host that runs "
+                   "it (or any other) continues", err=True)
+        return
+    assert store is not None
     (st,) = states(store, traj)
     a = next((a for a in st.approvals if a.call_id == call), None)
     if a is None:
@@ -302,26 +350,21 @@ def _decide(store: Path, traj: str, call: str, decision: str, by: str,
                f"resume {store} {traj}` continues", err=True)
 
 
-def _held_call(f: Any) -> Any:
-    """STORE TRAJ CALL: the held call a decision is about (approve and deny alike)."""
-    for arg in ("call", "traj"):
-        f = click.argument(arg)(f)
-    return click.argument("store", type=click.Path(path_type=Path))(f)
-
-
 @click.command("approve")
 @_held_call
 @click.option("--by", required=True, help="Who approves (kept in the log).")
 @click.option("--note", default=None, help="Why, for the record.")
-def approve(store: Path, traj: str, call: str, by: str, note: str | None) -> None:
+def approve(store: Path | None, traj: str | None, call: str | None, db_url: str | None,
+            by: str, note: str | None) -> None:
     """Approve the held CALL of TRAJ (an `ApprovalResolved` event); resume continues."""
-    _decide(store, traj, call, "approved", by, note)
+    _decide(*_where(store, traj, call, db_url), "approved", by, note, db_url)
 
 
 @click.command("deny")
 @_held_call
 @click.option("--by", required=True, help="Who denies (kept in the log).")
 @click.option("--note", default=None, help="Why, for the record (the program sees it).")
-def deny(store: Path, traj: str, call: str, by: str, note: str | None) -> None:
+def deny(store: Path | None, traj: str | None, call: str | None, db_url: str | None,
+         by: str, note: str | None) -> None:
     """Deny the held CALL of TRAJ: on resume the program gets `ApprovalDenied`."""
-    _decide(store, traj, call, "denied", by, note)
+    _decide(*_where(store, traj, call, db_url), "denied", by, note, db_url)

@@ -39,7 +39,7 @@ from stenograph.recorder.errors import BadInput, StenographError, StoreLocked
 from stenograph.recorder.exchanges import ExchangeServer
 from stenograph.recorder.hostclient import HostRecorderLost
 from stenograph.recorder.reader import StoreReader
-from stenograph.recorder.resumes import ResumePlan, covered, plan, settled_entry
+from stenograph.recorder.resumes import ResumePlan, covered, plan, settled_entry, states
 from stenograph.recorder.secretfiles import recorded_secrets, write_values
 from stenograph.recorder.snapshots import (
     Cadence,
@@ -157,12 +157,39 @@ def _bring(req: ResumeRequest) -> None:
         got.write(s, req.traj, blobs)
 
 
+def _take_decisions(req: ResumeRequest) -> None:
+    """``--db``: the decisions people gave through the warm tier (``approve``/``deny``/
+    ``settle --db``) that the log does not hold yet, appended as the CLI appends them on
+    the trajectory's own host."""
+    from stenograph.warm.decisions import waiting
+
+    got = waiting(req.db or "", req.traj)
+    if not got:
+        return
+    (st,) = states(req.store, req.traj)
+    pending = {a.call_id for a in st.approvals if a.state == "pending" and not a.used}
+    doubt = {e.call_id for e in st.effects if e.state == "in-doubt"}
+    todo = [d for d in got if d.call_id in (pending if d.kind == "ApprovalResolved"
+                                            else doubt)]
+    if not todo:
+        return
+    blobs = BlobStore(req.store / "blobs")
+    with open_writer(req.store) as s:
+        for d in todo:
+            body = dict(d.body)
+            out = body.get("output")
+            if isinstance(out, bytes) and len(out) > 64 << 10:  # as `settle` keeps it
+                body["output"] = blobs.put(out).to_body()
+            s.append(req.traj, d.kind, body)
+
+
 def resume(req: ResumeRequest) -> dict[str, Any]:
     """Resume ``req.traj``; the outcome (``resumed``, ``status``, ``paused``,
     ``divergences``, ``attention``, ``set_aside``...) for the CLI to report."""
     store, traj = req.store, req.traj
     if req.db is not None:
         _bring(req)
+        _take_decisions(req)
     if not (store / "wal").is_dir():
         raise BadInput("not a store (no wal/ directory)", str(store))
     events = list(StoreReader(store).events(traj=traj, lazy_tape=True))

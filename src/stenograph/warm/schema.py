@@ -14,6 +14,9 @@ documents these tables, ``tests/test_ship.py`` reads them back.
   as the batch it covers: a shipper killed mid-batch ships that batch again, and the
   conflict rule drops what was already there.
 * ``steno_approvals``: requests for a person and their answers, from the events.
+* ``steno_settlements``: a person's word on an effect in doubt, given with ``settle
+  --db`` from any machine, until the trajectory's worker writes it into its log
+  (``warm/decisions.py``); ``approve``/``deny --db`` write ``steno_approvals``.
 * ``steno_leases``: who runs each trajectory now (``--db``): its epoch, the worker's pid,
   host and token, the store it writes, and when its lease runs out (the database's
   clock). ``warm/leases.py`` takes and renews it; the shipper ships a trajectory only
@@ -81,6 +84,18 @@ CREATE TABLE IF NOT EXISTS steno_approvals (
     decision text,
     decided_by text,
     decided_at timestamptz,
+    PRIMARY KEY (trajectory_id, call_id)
+);
+ALTER TABLE steno_approvals ADD COLUMN IF NOT EXISTS note text;
+CREATE TABLE IF NOT EXISTS steno_settlements (
+    trajectory_id text NOT NULL,
+    call_id text NOT NULL,
+    decision text NOT NULL,
+    result jsonb,
+    output bytea,
+    exit_status int,
+    decided_by text,
+    decided_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (trajectory_id, call_id)
 );
 CREATE TABLE IF NOT EXISTS steno_leases (
