@@ -75,6 +75,7 @@ bench: $(STAMP) $(USTAMP)
 	$(BIN)/pip install -q 'dbos>=3.4,<4' && $(BIN)/python bench/effects.py
 	$(BIN)/python bench/host.py
 	$(BIN)/python bench/ship.py
+	$(BIN)/python bench/fleet.py
 	$(BIN)/python bench/resume.py
 	$(BIN)/python bench/settle.py
 	$(BIN)/python bench/build_replay.py
