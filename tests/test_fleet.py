@@ -9,9 +9,11 @@ PostgreSQL 15 cluster (Debian's package, on a free port) and one real S3 server
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -300,3 +302,36 @@ def test_an_effect_settled_through_the_db_is_not_made_again_on_another_host(
         assert svc.stats()["servers"] == 1
     (row,) = q(db, f"SELECT state, settled_by FROM steno_effects WHERE call_id = '{call}'")
     assert row == ["settled", "Settled"]
+
+
+def test_a_host_lost_for_good_loses_no_intent(tmp_path: Path, db: str, s3: S3) -> None:
+    """Host A is killed with its second payment on the wire and its store is gone with
+    it (no sidecar ships anything after). That payment's intent was in PostgreSQL before
+    the request left: the warm tier shows it in doubt, host B resumes from there, the
+    payment is reissued with its key, and every payment is made once."""
+    (tmp_path / "p.py").write_text(PROGRAM)
+    a_store, b_store = tmp_path / "host-a", tmp_path / "host-b"
+    blobs = f"s3://{s3.bucket}/lost"
+    env = _env(**s3.env())
+    current = [Run(("dispatch", 2))]
+    with service(current) as svc:
+        go(current[0], [*CLI, "record", "--store", str(a_store), "--traj", "t", "--db", db,
+                        "--blobs", blobs, "--workspace", "none", "-o",
+                        str(tmp_path / "t.steno"), "--", sys.executable, "p.py", svc.url],
+           tmp_path, env)
+        assert current[0].killed.is_set()
+        lock = a_store / "serve.lock"  # its host recorder goes with it
+        if lock.exists() and lock.read_text().strip().isdigit():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(lock.read_text()), signal.SIGKILL)
+        shutil.rmtree(a_store)  # the host and its disk, lost for good
+        doubt = q(db, "SELECT count(*) FROM steno_effects WHERE trajectory_id = 't' AND "
+                      "state = 'in-doubt'")
+        assert doubt == [["1"]], doubt
+        current[0] = Run(None, resume=True)
+        b = subprocess.run([*CLI, "resume", str(b_store), "t", "--db", db, "--blobs", blobs],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+        assert b.returncode == 0, b.stderr[-3000:]
+        assert "done True" in b.stdout
+        assert sorted(p["amount"] for p in svc.payments) == list(range(PAYMENTS))
+    _one_history(b_store, db, "t")

@@ -101,6 +101,9 @@ class ExchangeServer:
         process's rings, so the intent's sync covers all the tree taped before it."""
         """Called with (proc, pos, lsn) once a model exchange is durable, before the
         program is answered: the turn boundary checkpoints are taken at."""
+        self.after_intent: Callable[[], None] | None = None
+        """Called once an effect's intent is durable, before the hook is answered (``--db``:
+        the intent into the warm tier too)."""
         self.traj = traj
         self.count = 0
         self.lost = 0
@@ -188,6 +191,8 @@ class ExchangeServer:
             self.stopped_for = str(body.get("reason"))
             kind, fields = "Authorized", {"decision": "stop", "reason": self.stopped_for}
         self.store.append(self.traj, kind, fields, durable=kind not in QUEUED_EVENTS)
+        if kind == "ToolIntent" and self.after_intent is not None:
+            self.after_intent()  # (raising: NACK, the effect is not made)
         if kind == "ApprovalRequested":
             self.paused_for = str(body.get("call_id"))
             self.paused_call = {"call": body.get("call"), "summary": body.get("summary")}

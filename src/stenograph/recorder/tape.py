@@ -355,6 +355,9 @@ class RecordSession:
         self.approvals: dict[str, dict[str, Any]] = {}
         """Resume: the held calls not yet used, with a person's decision when there is one
         (``resumes.ResumePlan.approvals``)."""
+        self.after_intent: Callable[[], None] | None = None
+        """Called once an effect's intent is durable, before the program is answered
+        (``--db``: the intent into the warm tier too)."""
         self.on_hold: Callable[[str, str, str], None] | None = None
         """``(call_id, target, summary)``: the policy holds an effect for a person -- the
         request made durable and the recorded tree stopped (``LiveSession.hold``)."""
@@ -542,6 +545,8 @@ class RecordSession:
                 self.store.queue(self.traj, "ToolResult",
                                   {"call_id": call_id, "channel": "net", "status": rest})
             self.store.flush()
+            if mtype == MSG_INTENT and self.after_intent is not None:
+                self.after_intent()  # an intent: in the warm tier before the effect
         except Exception as exc:  # the store refused it: noted, the program goes on
             with self._lock:
                 self.stats.errors.append(f"{type(exc).__name__}: {exc}")
@@ -604,6 +609,8 @@ class RecordSession:
                 with self._lock:
                     self._pending[proc] = call_id
                 self.store.flush()  # (only an effect's exec waits for a sync)
+                if self.after_intent is not None:
+                    self.after_intent()  # in the warm tier before the command runs
         except Exception as exc:  # the store refused it: noted, the program goes on
             with self._lock:
                 self.stats.errors.append(f"{type(exc).__name__}: {exc}")

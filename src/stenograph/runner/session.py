@@ -125,6 +125,8 @@ class LiveSession:
             before_append=self.tape.drain_all,
             before_approval=checkpoints.at_approval if checkpoints else None,
             authorizer=authorizer)
+        if worker is not None and worker.following is not None:  # --db: the fleet's barrier
+            self.exchanges.after_intent = self.tape.after_intent = worker.intent_barrier
         if authorizer is not None:  # a program's own HTTP effects and commands obey it too
             self.tape.authorize = self.exchanges.decide
             self.tape.commands = authorizer.policy.commands

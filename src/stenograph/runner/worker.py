@@ -81,6 +81,12 @@ class Worker:
             str(self.store), self.lease.traj, f"lost the lease on {self.lease.traj}: taken "
             f"over{by} while this worker was not renewing it; this worker stopped"), None)
 
+    def intent_barrier(self) -> None:
+        """``--db``: an effect's intent, durable in the store, is in the warm tier before
+        the effect leaves (``Following.ship_now``)."""
+        if self.following is not None:
+            self.following.ship_now()
+
     @property
     def ship_error(self) -> str | None:
         """Why the warm tier did not get everything (``--db``), if it did not."""

@@ -384,10 +384,11 @@ def default_url() -> str | None:
 
 class Following:
     """A worker's own shipper (``record``/``resume --db``): ships its store's committed
-    events every ``every`` seconds while the run goes on, and once more at the end, so a
-    host lost for good leaves in the warm tier all it committed up to the last pass. A
-    warm tier that cannot be reached does not stop the run: ``error`` says why, and
-    ``ship`` run later catches up from the cursor."""
+    events every ``every`` seconds while the run goes on, at once after each effect's
+    intent (``ship_now``: the warm tier's commit is the effect's barrier, so a host lost
+    for good, its disk with it, loses no intent), and once more at the end. A warm tier
+    that cannot be reached between intents does not stop the run: ``error`` says why,
+    and ``ship`` run later catches up from the cursor."""
 
     def __init__(self, store: Path, url: str, objects: ObjectStore | None = None,
                  every: float = 0.5) -> None:
@@ -395,15 +396,29 @@ class Following:
         self.shipper.connect()
         self.every = every
         self.error: str | None = None
+        self._lock = threading.Lock()  # one pass at a time on the one connection
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="steno-ship", daemon=True)
         self._thread.start()
 
+    def _pass(self) -> Shipped:
+        with self._lock:
+            return self.shipper.ship()
+
     def _run(self) -> None:
-        try:
-            self.shipper.follow(every=self.every, stop=self._stop.is_set)
-        except StenographError as exc:
-            self.error = str(exc.args[0]) if exc.args else type(exc).__name__
+        while not self._stop.is_set():
+            try:
+                got = self._pass()
+            except StenographError as exc:
+                self.error = str(exc.args[0]) if exc.args else type(exc).__name__
+                return
+            if not got.events:
+                self._stop.wait(self.every)
+
+    def ship_now(self) -> None:
+        """Everything committed so far, in the warm tier before this returns (an intent
+        just made durable among it); ``WarmTierError`` if it cannot be."""
+        self._pass()
 
     def close(self) -> None:
         """The last pass, then the connection closed."""
@@ -411,7 +426,7 @@ class Following:
         self._thread.join()
         if self.error is None:
             try:
-                self.shipper.ship()
+                self._pass()
             except StenographError as exc:
                 self.error = str(exc.args[0]) if exc.args else type(exc).__name__
         self.shipper.close()
