@@ -95,6 +95,7 @@ soak: $(STAMP)
 	STENO_THREAD_RUNS=3x10 $(BIN)/pytest -q tests/test_threads.py
 	STENO_ASYNC_RUNS=3x10 $(BIN)/pytest -q tests/test_asyncio_loop.py
 	STENO_MCP_RUNS=3x3 $(BIN)/pytest -q tests/test_mcp.py tests/test_mcp_effects.py
+	STENO_DRAIN_AGENTS=8 $(BIN)/pytest -q tests/test_fleet.py
 # the property tests at three times their written counts (make test runs a quarter)
 	STENO_SCALE=3 $(BIN)/pytest -q tests/test_log_robust.py tests/test_recovery.py \
 	    tests/test_crash.py tests/test_http_streaming.py

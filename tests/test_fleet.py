@@ -335,3 +335,81 @@ def test_a_host_lost_for_good_loses_no_intent(tmp_path: Path, db: str, s3: S3) -
         assert "done True" in b.stdout
         assert sorted(p["amount"] for p in svc.payments) == list(range(PAYMENTS))
     _one_history(b_store, db, "t")
+
+
+TURNS = 12
+DRAINED = int(os.environ.get("STENO_DRAIN_AGENTS", "4"))
+"""Live trajectories drained at once (``make soak``: 8)."""
+CHATTY = f"""
+import sys, time
+from openai import OpenAI
+client = OpenAI()
+messages = [{{"role": "user", "content": sys.argv[1]}}]
+for i in range({TURNS}):
+    r = client.chat.completions.create(model="m", messages=messages)
+    messages += [{{"role": "assistant", "content": r.choices[0].message.content}},
+                 {{"role": "user", "content": f"go on {{i}}"}}]
+    print("turn", i, flush=True)
+    time.sleep(0.3)
+print("done", flush=True)
+"""
+
+
+def test_drain_hands_every_live_run_over_and_resume_any_takes_each_once(
+        tmp_path: Path, db: str, s3: S3) -> None:
+    """``DRAINED`` agents record on "host A" (one store, ``--db``). ``drain --host`` asks
+    them all: each stops at its next model turn, ships, lets its lease go and exits 0.
+    ``resume --any`` into another store takes every released trajectory, one worker each,
+    and each runs to its end: every trajectory ended, and the model server asked each
+    turn exactly once across both hosts."""
+    from stenograph.testing.model_server import ModelServer
+
+    (tmp_path / "agent.py").write_text(CHATTY)
+    a_store, b_store = tmp_path / "host-a", tmp_path / "host-b"
+    blobs = f"s3://{s3.bucket}/drain"
+    host = os.uname().nodename
+    with ModelServer() as srv:
+        env = _env(**s3.env(), OPENAI_BASE_URL=srv.openai_base_url, OPENAI_API_KEY="sk-t")
+        agents = [subprocess.Popen([*CLI, "record", "--store", str(a_store), "--traj",
+                                    f"d{i}", "--workspace", "none", "--db", db, "--blobs",
+                                    blobs, "-o", str(tmp_path / f"d{i}.steno"), "--",
+                                    sys.executable, "agent.py", f"agent {i}"], cwd=tmp_path,
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+                  for i in range(DRAINED)]
+        try:
+            for _ in range(600):  # every agent has its lease and has talked to the model
+                try:
+                    live = q(db, "SELECT count(*) FROM steno_leases WHERE expires_at > now()")
+                except subprocess.CalledProcessError:  # (no worker has made the tables yet)
+                    live = []
+                if live == [[str(DRAINED)]] and len(srv.requests) >= 2 * DRAINED:
+                    break
+                time.sleep(0.1)
+            d = subprocess.run([*CLI, "drain", "--db", db, "--host", host, "--wait", "120",
+                                "--json"], env=env, capture_output=True, text=True,
+                               timeout=180)
+            assert d.returncode == 0, d.stderr
+            doc = json.loads(d.stdout)
+            assert len(doc["asked"]) == DRAINED and doc["held"] == [], doc
+            outs = [a.communicate(timeout=120) for a in agents]
+        finally:
+            for a in agents:
+                if a.poll() is None:
+                    a.kill()
+        for a, (out, err) in zip(agents, outs, strict=True):
+            assert a.returncode == 0 and "drained" in err, err[-2000:]
+            assert "done" not in out
+        res = subprocess.run([*CLI, "resume", str(b_store), "--any", "--db", db, "--blobs",
+                              blobs], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert f"{DRAINED} of {DRAINED} released" in res.stderr, res.stderr
+        asked = len(srv.requests_to("/v1/chat/completions"))
+    assert asked == DRAINED * TURNS  # no turn asked twice, none skipped
+    for i in range(DRAINED):
+        (st,) = states(b_store, f"d{i}")
+        assert st.state == "ended", (i, st.state)
+    again = subprocess.run([*CLI, "resume", str(b_store), "--any", "--db", db], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "no released trajectory" in again.stderr, again.stderr

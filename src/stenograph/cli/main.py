@@ -33,6 +33,7 @@ LAZY = {
     "resume": "resume", "regress": "regress", "status": "status", "settle": "status",
     "approve": "status", "deny": "status", "deliver": "status", "show": "show",
     "view": "view", "diff": "diff", "fork": "fork", "serve": "serve", "ship": "ship",
+    "drain": "ship",
 }
 """Commands that live in their own modules: ``stenograph.cli.<module>.<command>``."""
 

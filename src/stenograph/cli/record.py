@@ -15,6 +15,7 @@ from stenograph.recorder import keyshapes
 from stenograph.recorder.inputs import output_file, traj_id
 from stenograph.recorder.policy import authorizer_for
 from stenograph.recorder.snapshots import Cadence
+from stenograph.runner.lines import drained_line
 from stenograph.runner.record import Recorded, RecordRequest, check_request
 from stenograph.runner.record import record as record_run
 from stenograph.runner.workspace import plan as plan_workspace
@@ -88,6 +89,9 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
         workspace=ws, cadence=Cadence(mtbf=mtbf * 3600, every=checkpoint_every),
         authorizer=authorizer_for(policy_file, budget_tokens, budget_usd, prices_file),
         lease_ttl=lease_ttl, shapes=shapes, db=db, blobs=blobs))
+    if rec.held is not None and rec.held.drained:
+        click.echo(drained_line(str(store), traj), err=True)
+        sys.exit(0)
     if rec.held is not None:
         raise rec.held.error(str(store), traj)
     _summary(rec)

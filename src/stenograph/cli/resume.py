@@ -15,7 +15,7 @@ from stenograph.cli.options import exit_code, lease_option, policy_options
 from stenograph.recorder.errors import BadInput, NeedsPerson, ReplayDiverged
 from stenograph.recorder.inputs import traj_id
 from stenograph.recorder.policy import authorizer_for
-from stenograph.runner.lines import needs_person_line
+from stenograph.runner.lines import drained_line, needs_person_line
 from stenograph.runner.resume import ResumeRequest
 from stenograph.runner.resume import resume as resume_run
 from stenograph.runner.session import Held
@@ -23,7 +23,10 @@ from stenograph.runner.session import Held
 
 @click.command("resume")
 @click.argument("store", type=click.Path(path_type=Path))
-@click.argument("traj")
+@click.argument("traj", required=False)
+@click.option("--any", "pick_any", is_flag=True, help="With --db, no TRAJ: every trajectory "
+              "a `stenograph drain` released, each resumed into STORE by a worker of its "
+              "own (a trajectory another host took first is left to it).")
 @click.option("--settle-http", type=click.Choice(["reissue", "escalate"]), default="reissue",
               show_default=True, help="An HTTP effect left in doubt: send it again with its "
               "recorded Idempotency-Key (reissue), or stop for a person (escalate, exit 4).")
@@ -39,8 +42,9 @@ from stenograph.runner.session import Held
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
 @policy_options
 @lease_option
-def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
-           drift: str, as_json: bool, policy_file: str | None, budget_tokens: int | None,
+def resume(store: Path, traj: str | None, pick_any: bool, settle_http: str,
+           escalate: tuple[str, ...], drift: str, as_json: bool, policy_file: str | None,
+           budget_tokens: int | None,
            budget_usd: float | None, prices_file: str | None, lease_ttl: float,
            db: str | None, blobs: str | None) -> None:
     """Resume TRAJ in STORE: replay what it recorded up to the crash, then go on live.
@@ -55,6 +59,11 @@ def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
     trajectory's lease in the warm tier (its epoch + 1, once the old worker's ran out),
     brings its shipped events and blobs into STORE, and resumes it here; the old worker,
     if it comes back, is fenced (exit 8)."""
+    if pick_any:
+        _resume_any(store, traj, db, blobs, lease_ttl)
+        return
+    if traj is None:
+        raise BadInput("resume needs TRAJ (or --any with --db)", str(store))
     traj_id(traj)
     patterns = []
     for p in escalate:
@@ -75,6 +84,42 @@ def resume(store: Path, traj: str, settle_http: str, escalate: tuple[str, ...],
     _finish(store, traj, out)
 
 
+def _resume_any(store: Path, traj: str | None, db: str | None, blobs: str | None,
+                lease_ttl: float) -> None:
+    """``--any``: a worker per released trajectory (this command started again with the
+    trajectory named), all at once; exits 0 when each ended, held or drained again, else
+    with the first other status."""
+    import os
+    import subprocess
+
+    from stenograph.warm.leases import released
+
+    if traj is not None or db is None:
+        raise BadInput("--any takes no TRAJ and needs --db", str(store))
+    trajs = released(db)
+    if not trajs:
+        click.echo("stenograph: no released trajectory to take", err=True)
+        return
+    from stenograph.recorder.reader import is_store
+    from stenograph.recorder.store import init_store
+
+    if not is_store(store):  # once, before its workers bring their trajectories in
+        init_store(store)
+    extra = [*(["--blobs", blobs] if blobs else []), "--lease-ttl", str(lease_ttl)]
+    procs = {t: subprocess.Popen([sys.executable, "-m", "stenograph", "resume", str(store), t,
+                                  "--db", db, *extra], env=os.environ.copy())
+             for t in trajs}
+    codes = {t: p.wait() for t, p in procs.items()}
+    took = [t for t, c in codes.items() if c in (0, 5, 6)]
+    left = [t for t, c in codes.items() if c == 2]  # held: another host took it first
+    click.echo(f"stenograph: --any: {len(took)} of {len(trajs)} released trajectories "
+               f"resumed here" + (f"; {len(left)} taken elsewhere first" if left else ""),
+               err=True)
+    bad = [c for c in codes.values() if c not in (0, 2, 5, 6)]
+    if bad:
+        sys.exit(bad[0])
+
+
 def _finish(store: Path, traj: str, out: dict[str, Any]) -> None:
     if out.get("refused"):
         click.echo(f"stenograph: note: the resumed prefix's connections to peers outside the "
@@ -87,6 +132,9 @@ def _finish(store: Path, traj: str, out: dict[str, Any]) -> None:
                    f"(changed since the crash): {', '.join(paths[:5])}"
                    f"{' ...' if len(paths) > 5 else ''} -> {out['set_aside']['dir']}",
                    err=True)
+    if out.get("drained"):
+        click.echo(drained_line(str(store), traj), err=True)
+        sys.exit(0)
     if "attention" in out:
         raise NeedsPerson(needs_person_line(str(store), traj, out["attention"]["line"]))
     if "paused" in out or "stopped" in out:

@@ -86,3 +86,48 @@ def ship(store: Path, url: str | None, once: bool, every: float, batch: int,
                                progress=lambda s: say(s) if s.events else None)
         click.echo(f"stenograph: stopped: {total.events} event(s) shipped, cursor at lsn "
                    f"{total.cursor}, lag {total.lag}", err=True)
+
+
+@click.command("drain")
+@click.option("--db", "url", metavar="URL", envvar="STENO_DB", required=True,
+              help="The warm tier the workers hold their leases in (default: $STENO_DB).")
+@click.option("--host", required=True, help="The host whose workers leave (its hostname, "
+              "as `status --db` shows it).")
+@click.option("--wait", type=click.FloatRange(0), default=300.0, show_default=True,
+              metavar="SECONDS", help="How long to wait for every worker to let go (0: ask "
+              "and return).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document: asked, released, "
+              "still held.")
+def drain(url: str, host: str, wait: float, as_json: bool) -> None:
+    """Hand HOST's runs over: each worker there (record/resume --db) stops at its next
+    model turn -- the answer durable, the program not yet told -- ships, lets its lease
+    go and exits 0. `stenograph resume STORE --any --db URL` on another host then takes
+    every released trajectory, one worker each, and goes on from that turn.
+
+    Exits 0 once every worker asked has let go; 1 if some still hold their lease when
+    --wait runs out (a run that makes no model call never reaches a turn)."""
+    import time
+
+    from stenograph.recorder.errors import BadInput
+    from stenograph.warm.leases import drain as ask
+    from stenograph.warm.leases import still_held
+
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise BadInput("--db wants a postgresql:// URL", url)
+    asked = ask(url, host)
+    held = list(asked)
+    until = time.monotonic() + wait
+    while held and wait and time.monotonic() < until:
+        time.sleep(0.2)
+        held = still_held(url, asked)
+    doc = {"host": host, "asked": asked, "released": sorted(set(asked) - set(held)),
+           "held": held}
+    if as_json:
+        click.echo(json.dumps(doc, sort_keys=True))
+    else:
+        click.echo(f"stenograph: {host}: {len(asked)} worker(s) asked, "
+                   f"{len(doc['released'])} let go" + (
+                       f", {len(held)} still running ({', '.join(held[:5])})" if held else ""),
+                   err=True)
+    if held and wait:
+        raise SystemExit(1)

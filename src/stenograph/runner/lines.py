@@ -58,3 +58,10 @@ def protocol_line(recorded: str, speaks: int, file: str, *, offer_build: bool = 
     return (f"recorded with shim protocol {recorded}; this stenograph speaks {speaks} and "
             f"replays only protocol {speaks} bit for bit: {build}the stenograph release "
             f"that recorded it{f' ({made_by})' if made_by else ''} replays it exactly")
+
+
+def drained_line(store: str, traj: str) -> str:
+    """A worker that `stenograph drain` stopped at a turn boundary: what happens next."""
+    return (f"stenograph: {traj} drained: stopped at a model turn, shipped, its lease let "
+            f"go; `stenograph resume STORE --any --db URL` on another host goes on with it "
+            f"(or `stenograph resume {store} {traj} --db URL` here)")

@@ -134,6 +134,7 @@ def _bring(req: ResumeRequest) -> None:
     """``--db``: a trajectory this store lacks comes from the warm tier (its events, and
     from ``--blobs`` what they need), once no live lease elsewhere holds it."""
     from stenograph.recorder.reader import is_store
+    from stenograph.recorder.store import init_store
 
     if is_store(req.store) and any(True for _ in StoreReader(req.store).events(
             traj=req.traj, lazy_tape=True)):
@@ -153,7 +154,9 @@ def _bring(req: ResumeRequest) -> None:
     blobs = BlobStore(req.store / "blobs")
     got = fetch_trajectory(req.db or "", req.traj, blobs,
                            ObjectStore(req.blobs) if req.blobs else None)
-    with open_writer(req.store) as s:
+    if not is_store(req.store):
+        init_store(req.store)
+    with open_writer(req.store, start=True) as s:  # (other workers may be bringing theirs)
         got.write(s, req.traj, blobs)
 
 
@@ -174,7 +177,7 @@ def _take_decisions(req: ResumeRequest) -> None:
     if not todo:
         return
     blobs = BlobStore(req.store / "blobs")
-    with open_writer(req.store) as s:
+    with open_writer(req.store, start=True) as s:
         for d in todo:
             body = dict(d.body)
             out = body.get("output")
@@ -455,7 +458,9 @@ def _outcome(session: LiveSession, epoch: int, tape: Path, started: dict[str, An
         out["divergences"] = [d.to_json() for d in divs]
         return
     if (h := session.held) is not None:
-        if h.paused_for is not None:
+        if h.drained:
+            out["drained"] = True
+        elif h.paused_for is not None:
             out["paused"] = h.paused_for
             out["paused_call"] = h.paused_call
         else:

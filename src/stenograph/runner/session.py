@@ -80,6 +80,8 @@ class Held:
     paused_call: dict[str, Any] = field(default_factory=dict)
     stopped_for: str | None = None
     stopped_at: dict[str, Any] = field(default_factory=dict)
+    drained: bool = False
+    """``stenograph drain`` asked: the run stopped at a turn boundary, its lease let go."""
 
     def error(self, store: str, traj: str) -> StenographError:
         """The one line that says so, with the command to run next."""
@@ -118,9 +120,10 @@ class LiveSession:
         self.worker = worker
         self.tape = RecordSession(store, traj, sock_dir / "tape.sock",
                                   epoch=worker.epoch if worker is not None else 0)
+        self.drained = False
         self.exchanges = ExchangeServer(
             store, traj, sock_dir / "py.sock",
-            after_model=checkpoints.model_turn if checkpoints else None,
+            after_model=self._turn if checkpoints or worker else None,
             before_intent=checkpoints.before_effect if checkpoints else None,
             before_append=self.tape.drain_all,
             before_approval=checkpoints.at_approval if checkpoints else None,
@@ -180,6 +183,16 @@ class LiveSession:
         if self.proc is not None:
             kill_tree(self.proc.pid)
 
+    def _turn(self, proc: str, pos: int, lsn: int) -> None:
+        """A model exchange is durable and its program not answered yet: the turn
+        boundary. A checkpoint; and if ``stenograph drain`` asked, the tree stops here
+        (the answer is in the log: a resume elsewhere hands it over and goes on)."""
+        if self.checkpoints is not None:
+            self.checkpoints.model_turn(proc, pos, lsn)
+        if self.worker is not None and not self.drained and self.worker.drain_asked():
+            self.drained = True
+            self.stop()
+
     def stop(self) -> None:
         """Stop the program's whole tree now (its recording can go on no more)."""
         if self.proc is not None:
@@ -201,6 +214,8 @@ class LiveSession:
     def held(self) -> Held | None:
         """How the run stopped short, if it did (no ``RunEnded``: a resume goes on)."""
         ex = self.exchanges
+        if self.drained:
+            return Held(drained=True)
         if ex.paused_for is None and ex.stopped_for is None:
             return None
         return Held(ex.paused_for, dict(ex.paused_call), ex.stopped_for, dict(ex.stopped_at))

@@ -81,6 +81,16 @@ class Worker:
             str(self.store), self.lease.traj, f"lost the lease on {self.lease.traj}: taken "
             f"over{by} while this worker was not renewing it; this worker stopped"), None)
 
+    def drain_asked(self) -> bool:
+        """``--db``: has ``stenograph drain`` asked for this trajectory (asked at each model
+        turn, the point a drained worker stops at)?"""
+        if self.following is None:
+            return False
+        try:
+            return bool(self.leases.draining(self.lease))
+        except OSError:  # (the warm tier out of reach: go on)
+            return False
+
     def intent_barrier(self) -> None:
         """``--db``: an effect's intent, durable in the store, is in the warm tier before
         the effect leaves (``Following.ship_now``)."""

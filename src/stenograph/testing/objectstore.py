@@ -44,10 +44,26 @@ class S3:
                             aws_secret_access_key=e["AWS_SECRET_ACCESS_KEY"])
 
 
+GRPC_OFFSET = 10000
+"""weed serves each component's gRPC on its port + 10000: a free port above 55535 gave
+it none (a flaky start: "gRPC port 66827 ... is not available")."""
+
+
 def _free() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port whose gRPC twin (``GRPC_OFFSET`` above) is free too."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + GRPC_OFFSET > 65535:
+            continue
+        with socket.socket() as t:
+            try:
+                t.bind(("127.0.0.1", port + GRPC_OFFSET))
+            except OSError:
+                continue
+        return port
+    raise OSError("no free port pair for weed mini")
 
 
 @contextlib.contextmanager
@@ -60,6 +76,9 @@ def seaweed(base: Path, bucket: str = "steno", ready: float = 90.0) -> Iterator[
     ports = {k: _free() for k in PORTS}
     argv = [binary, "mini", f"-dir={base}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-bucket={bucket}", "-admin.ui=false", "-master.telemetry=false",
+            # its Iceberg and Lance catalogs listen on fixed ports (8181, 9101): a second
+            # weed mini on the host (two test modules at once) died on them
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
             *(f"-{k}={v}" for k, v in ports.items())]
     log = open(base / "weed.log", "ab")  # noqa: SIM115  (closed below)
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,

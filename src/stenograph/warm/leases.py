@@ -89,7 +89,8 @@ class PgLeases:
                 "expires_at) VALUES (%s, %s, %s, %s, %s, %s, now() + make_interval(secs => %s)) "
                 "ON CONFLICT (trajectory_id) DO UPDATE SET epoch = excluded.epoch, "
                 "pid = excluded.pid, host = excluded.host, token = excluded.token, "
-                "store_id = excluded.store_id, expires_at = excluded.expires_at "
+                "store_id = excluded.store_id, expires_at = excluded.expires_at, "
+                "draining = false "
                 f"RETURNING {_COLS}",
                 (traj, epoch, os.getpid(), os.uname().nodename,
                  token or secrets.token_hex(8), self.store_id, ttl))
@@ -112,6 +113,14 @@ class PgLeases:
     def holds(self, lease: Lease) -> bool:
         cur = self.current(lease.traj)
         return cur is not None and cur.token == lease.token
+
+    def draining(self, lease: Lease) -> bool:
+        """Has ``stenograph drain`` asked this worker to let its trajectory go?"""
+        with self._tx() as cur:
+            cur.execute("SELECT draining FROM steno_leases WHERE trajectory_id = %s AND "
+                        "token = %s", (lease.traj, lease.token))
+            row = cur.fetchone()
+        return bool(row and row[0])
 
     def held_by_other(self, traj: str | None = None) -> Lease | None:
         with self._tx() as cur:
@@ -169,5 +178,48 @@ class FleetLeases:
     def held_by_other(self, traj: str | None = None) -> Lease | None:
         return self.pg.held_by_other(traj)
 
+    def draining(self, lease: Lease) -> bool:
+        return self.pg.draining(lease)
+
     def close(self) -> None:
         self.pg.close()
+
+
+def drain(url: str, host: str) -> list[str]:
+    """Ask every worker on ``host`` holding a live lease to stop at its next model turn
+    and let its trajectory go (``draining``); the trajectories asked."""
+    conn = connect(url)
+    try:
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute("UPDATE steno_leases SET draining = true WHERE host = %s AND "
+                        "expires_at > now() RETURNING trajectory_id", (host,))
+            return sorted(r[0] for r in cur.fetchall())
+    finally:
+        conn.close()
+
+
+def still_held(url: str, trajs: list[str]) -> list[str]:
+    """Of ``trajs``, those whose lease is still live (their workers have not let go)."""
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT trajectory_id FROM steno_leases WHERE trajectory_id = ANY(%s) "
+                        "AND expires_at > now()", (trajs,))
+            return sorted(r[0] for r in cur.fetchall())
+    finally:
+        conn.close()
+
+
+def released(url: str) -> list[str]:
+    """The trajectories a drain let go that no worker has taken since, and that have not
+    ended: what ``resume --any`` picks up."""
+    conn = connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT l.trajectory_id FROM steno_leases l LEFT JOIN "
+                        "steno_trajectories t USING (trajectory_id) WHERE l.draining AND "
+                        "l.expires_at <= now() AND coalesce(t.state, '') <> 'ended' "
+                        "ORDER BY l.trajectory_id")
+            return [r[0] for r in cur.fetchall()]
+    finally:
+        conn.close()

@@ -20,7 +20,8 @@ documents these tables, ``tests/test_ship.py`` reads them back.
 * ``steno_leases``: who runs each trajectory now (``--db``): its epoch, the worker's pid,
   host and token, the store it writes, and when its lease runs out (the database's
   clock). ``warm/leases.py`` takes and renews it; the shipper ships a trajectory only
-  from the store that holds it.
+  from the store that holds it. ``draining``: ``stenograph drain`` asked its worker to
+  stop at its next turn and let the lease go, for ``resume --any`` elsewhere.
 * ``steno_effects`` (a view): each effect's intent with what settled it, if anything: its
   own result (``ToolResult``, or the ``Exchange`` of the hooked call that made it) or a
   person's word (``Settled``); ``in-doubt`` otherwise, as ``status`` folds it.
@@ -30,7 +31,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""1: events, trajectories, cursors, approvals, the effects view; 2: leases (with
+``draining``), settlements, an approval's note."""
 
 BODY_INLINE_MAX = 64 << 10
 """A body larger than this (msgpack bytes) is not copied into its row: the row keeps its
@@ -107,6 +110,7 @@ CREATE TABLE IF NOT EXISTS steno_leases (
     store_id text NOT NULL,
     expires_at timestamptz NOT NULL
 );
+ALTER TABLE steno_leases ADD COLUMN IF NOT EXISTS draining boolean NOT NULL DEFAULT false;
 CREATE OR REPLACE VIEW steno_effects AS
 SELECT i.trajectory_id, i.body->>'call_id' AS call_id, i.body->>'target' AS target,
        i.body->>'channel' AS channel, i.seq AS intent_seq, r.seq AS result_seq,
