@@ -84,12 +84,14 @@ def test_a_run_crashed_on_host_a_resumes_on_host_b(tmp_path: Path, db: str, s3: 
         assert side.returncode == 0, side.stderr
         (row,) = q(db, "SELECT epoch, store_id FROM steno_leases WHERE trajectory_id = 't'")
         assert row[0] == "0"
+        shutil.rmtree(work)  # host B has no copy of the workspace: the checkpoint's is it
         current[0] = Run(None, resume=True)
         b = subprocess.run([*CLI, "resume", str(b_store), "t", "--db", db, "--blobs", blobs],
-                           cwd=work, env=env, capture_output=True, text=True, timeout=180)
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
         assert b.returncode == 0, b.stderr[-3000:]
         assert "done True" in b.stdout
         assert sorted(p["amount"] for p in svc.payments) == list(range(PAYMENTS))
+    assert (work / "notes.txt").read_text() == "a workspace file\n" * 50
     (st,) = states(b_store, "t")
     assert st.state == "ended" and st.epoch == 1
     (row,) = q(db, "SELECT epoch, host FROM steno_leases WHERE trajectory_id = 't'")

@@ -158,6 +158,30 @@ def _bring(req: ResumeRequest) -> None:
         init_store(req.store)
     with open_writer(req.store, start=True) as s:  # (other workers may be bringing theirs)
         got.write(s, req.traj, blobs)
+    _restore_missing_roots(req.store, req.traj, blobs)
+
+
+def _restore_missing_roots(store: Path, traj: str, blobs: BlobStore) -> None:
+    """A trajectory brought from another host: each workspace root this host lacks is
+    made from the trajectory's last checkpoint (its snapshot came with it), so the run
+    goes on in the files it left there. (A secret file's value is masked in a snapshot:
+    it comes back masked, as `checkpoint restore` gives it.)"""
+    from stenograph.recorder.snapshots import load_manifest, restore_tree
+
+    events = list(StoreReader(store).events(traj=traj, lazy_tape=True))
+    started = events[0].body if events and events[0].kind == "RunStarted" else {}
+    ws = started.get("workspace") if isinstance(started, dict) else None
+    roots = [r.get("path") for r in (ws or {}).get("roots", []) if isinstance(r, dict)]
+    missing = [r for r in roots if isinstance(r, str) and not os.path.exists(r)]
+    snaps = [e.body["snapshot"] for e in events if e.kind == "Checkpoint"
+             and isinstance(e.body.get("snapshot"), dict)]
+    if not missing or not snaps:
+        return
+    manifest = load_manifest(blobs, BlobRef.from_body(snaps[-1]))
+    for root in missing:
+        if root in manifest.trees:
+            Path(root).mkdir(parents=True, exist_ok=True)
+            restore_tree(blobs, manifest.trees[root], root)
 
 
 def _take_decisions(req: ResumeRequest) -> None:
