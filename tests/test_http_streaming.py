@@ -420,7 +420,7 @@ def test_requests_iter_content_none_used_to_hang(tmp_path: Path, server: str) ->
     assert x["response"]["complete"] is True  # type: ignore[index]
 
 
-@settings(max_examples=examples(9, least=3), deadline=None, derandomize=True,
+@settings(max_examples=examples(9, least=2), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sizes=st.lists(st.integers(1, 300), min_size=1, max_size=8),
        ms=st.sampled_from([0, 0, 3, 12]), gz=st.booleans(),
