@@ -142,20 +142,3 @@ def counting_server() -> Iterator[str]:
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
     srv.server_close()
-
-
-HEAVIEST = ["test_frameworks.py", "test_payments_agent.py", "test_http_streaming.py",
-            "test_fleet.py", "test_ways_out.py", "test_net_effects.py", "test_resume.py",
-            "test_mcp.py", "test_mcp_effects.py", "test_bisect.py", "test_workspace.py",
-            "test_toolbox_sweep.py", "test_launch.py", "test_ship.py", "test_host_recorder.py",
-            "test_threads.py", "test_socket_tape.py", "test_shim_replay.py",
-            "test_judge_elsewhere.py", "test_regress.py", "test_recovery.py"]
-"""The test files that take longest (measured, most first). `make test` hands whole files
-to its workers in collection order (``--dist loadfile``): these go first, so the last file
-a worker takes is a short one, not the frameworks' two minutes (longest first is the
-classic rule for keeping the makespan of parallel jobs short)."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(HEAVIEST)}
-    items.sort(key=lambda it: rank.get(it.path.name, len(HEAVIEST)))  # (a stable sort)
