@@ -615,34 +615,22 @@ static void await_kill(void) {
  * more than 3 s to bring node's main thread from there to its exit (and, beside
  * stress-ng --cpu 3 --io 1, once more than 3 s between two of its taped calls). */
 #define EXIT_PARK_MS 10000
-/* ...but once every taped thread of the process is parked here, none is left to make the
- * recorded exit (an exit record means a thread of this process called exit, not a signal
- * from elsewhere): the program asked for more than was recorded, reported after
- * EXIT_PARK_ALL_MS (the usual divergence of a changed program, 10 s sooner). */
-#define EXIT_PARK_ALL_MS 200
-static int g_exit_parked; /* threads in park_at_exit */
 static int64_t mono_ns(void); /* sched.c */
 static void park_at_exit(tls_t *t) {
     sched_release(t);
-    __atomic_add_fetch(&g_exit_parked, 1, __ATOMIC_SEQ_CST);
     unsigned seen = __atomic_load_n(&g_served, __ATOMIC_RELAXED);
     int64_t quiet = mono_ns();
     for (;;) {
         struct timespec ts = {0, 1000 * 1000};
         RS2(SYS_nanosleep, &ts, NULL);
         unsigned now = __atomic_load_n(&g_served, __ATOMIC_RELAXED);
-        int64_t still = mono_ns() - quiet;
         if (now != seen) {
             seen = now;
             quiet = mono_ns();
-        } else if (still >= EXIT_PARK_MS * 1000000LL ||
-                   (still >= EXIT_PARK_ALL_MS * 1000000LL &&
-                    __atomic_load_n(&g_exit_parked, __ATOMIC_SEQ_CST) >=
-                        __atomic_load_n(&g_live_threads, __ATOMIC_SEQ_CST))) {
-            break;
+        } else if (mono_ns() - quiet >= EXIT_PARK_MS * 1000000LL) {
+            return;
         }
     }
-    __atomic_sub_fetch(&g_exit_parked, 1, __ATOMIC_SEQ_CST);
 }
 
 /* A divergence on the meta channel (meta.c serves with t_soft set) is reported like any
