@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from crashes import Run, go, service
+from test_approvals import PROGRAM as APPROVAL_PROGRAM
 from warm import S3, q
 
 from stenograph.recorder.codec import pack_body
@@ -59,6 +60,24 @@ def _one_history(store: Path, url: str, traj: str) -> None:
     assert len(rows) == len(got) and got == want, (sorted(set(got) ^ set(want))[:5])
 
 
+def _crashed_on_a(run: Run, store: Path, db: str, blobs: str, cwd: Path, url: str,
+                  env: dict[str, str], *extra: str) -> None:
+    """Host A records ``p.py`` into ``store`` with ``--db --blobs``, killed as ``run``
+    says."""
+    go(run, [*CLI, "record", "--store", str(store), "--traj", "t", "--db", db, "--blobs",
+             blobs, *extra, "-o", str(cwd / "t.steno"), "--", sys.executable, "p.py", url],
+       cwd, env)
+    assert run.killed.is_set()
+
+
+def _sidecar(store: Path, db: str, blobs: str | None, env: dict[str, str]) -> None:
+    """Host A's sidecar ships what A committed (``serve --ship`` would)."""
+    side = subprocess.run([*CLI, "ship", str(store), "--to", db,
+                           *(["--blobs", blobs] if blobs else []), "--once"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert side.returncode == 0, side.stderr
+
+
 def test_a_run_crashed_on_host_a_resumes_on_host_b(tmp_path: Path, db: str, s3: S3) -> None:
     """Host A records with ``--db --blobs`` (its workspace snapshotted) and is killed,
     group and all, with its second payment on the wire (intent durable, not applied).
@@ -75,13 +94,8 @@ def test_a_run_crashed_on_host_a_resumes_on_host_b(tmp_path: Path, db: str, s3: 
     env = _env(**s3.env())
     current = [Run(("dispatch", 2))]
     with service(current) as svc:
-        go(current[0], [*CLI, "record", "--store", str(a_store), "--traj", "t", "--db", db,
-                        "--blobs", blobs, "-o", str(tmp_path / "t.steno"), "--",
-                        sys.executable, "p.py", svc.url], work, env)
-        assert current[0].killed.is_set()
-        side = subprocess.run([*CLI, "ship", str(a_store), "--to", db, "--blobs", blobs,
-                               "--once"], env=env, capture_output=True, text=True, timeout=120)
-        assert side.returncode == 0, side.stderr
+        _crashed_on_a(current[0], a_store, db, blobs, work, svc.url, env)
+        _sidecar(a_store, db, blobs, env)
         (row,) = q(db, "SELECT epoch, store_id FROM steno_leases WHERE trajectory_id = 't'")
         assert row[0] == "0"
         shutil.rmtree(work)  # host B has no copy of the workspace: the checkpoint's is it
@@ -138,10 +152,7 @@ def test_host_a_paused_past_its_lease_is_fenced_after_host_b_took_over(
         a_proc.append(a)
         try:
             assert stopped.wait(60)
-            side = subprocess.run([*CLI, "ship", str(a_store), "--to", db, "--blobs", blobs,
-                                   "--once"], env=env, capture_output=True, text=True,
-                                  timeout=120)
-            assert side.returncode == 0, side.stderr
+            _sidecar(a_store, db, blobs, env)
             held = subprocess.run([*CLI, "resume", str(b_store), "t", "--db", db, "--blobs",
                                    blobs], cwd=tmp_path, env=env, capture_output=True,
                                   text=True, timeout=60)
@@ -185,25 +196,8 @@ def test_resume_db_of_a_trajectory_nobody_shipped_is_one_line(tmp_path: Path,
     assert not store.exists()
 
 
-APPROVALS = """
-import requests, sys, stenograph
-base = sys.argv[1]
-a = stenograph.approval("deploy web1", "provision web1 in prod", expires=3600)
-print("approved by", a.by, a.note, flush=True)
-r = requests.post(base + "/servers", json={"name": "web1"})
-print("server", r.json()["id"], flush=True)
-
-@stenograph.tool(effect=True, approval=lambda amount, to: f"pay {amount} to {to}")
-def pay(amount, to):
-    return requests.post(base + "/payments", json={"amount": amount, "to": to}).json()
-
-try:
-    print("paid", pay(5, "alice")["id"])
-except stenograph.ApprovalDenied as e:
-    print("not paid:", e)
-print("done")
-"""
-
+APPROVALS = APPROVAL_PROGRAM
+"""The approvals test's program (tests/test_approvals.py): asked with ``URL 3600``."""
 
 def _waiting(url: str) -> list[str]:
     return [r[0] for r in q(url, "SELECT call_id FROM steno_approvals WHERE trajectory_id "
@@ -229,7 +223,7 @@ def test_a_decision_given_through_the_db_releases_a_run_paused_on_another_host(
     with EffectService() as svc:
         rec = cli("record", "--store", str(a_store), "--traj", "t", "--workspace", "none",
                   "--db", db, "--blobs", blobs, "-o", str(tmp_path / "t.steno"), "--",
-                  sys.executable, "p.py", svc.url)
+                  sys.executable, "p.py", svc.url, "3600")
         assert rec.returncode == 5, rec.stderr[-2000:]
         (first,) = _waiting(db)
         bad = cli("approve", "--db", db, "t", "0/approval/9", "--by", "ops")
@@ -281,14 +275,9 @@ def test_an_effect_settled_through_the_db_is_not_made_again_on_another_host(
     env = _env(**s3.env())
     current = [Run(("applied", 1))]
     with service(current) as svc:
-        go(current[0], [*CLI, "record", "--store", str(a_store), "--traj", "t", "--db", db,
-                        "--blobs", blobs, "--workspace", "none", "-o",
-                        str(tmp_path / "t.steno"), "--", sys.executable, "p.py", svc.url],
-           work, env)
-        assert current[0].killed.is_set()
-        side = subprocess.run([*CLI, "ship", str(a_store), "--to", db, "--blobs", blobs,
-                               "--once"], env=env, capture_output=True, text=True, timeout=120)
-        assert side.returncode == 0, side.stderr
+        _crashed_on_a(current[0], a_store, db, blobs, work, svc.url, env,
+                      "--workspace", "none")
+        _sidecar(a_store, db, blobs, env)
         (call,) = [r[0] for r in q(db, "SELECT call_id FROM steno_effects WHERE "
                                        "state = 'in-doubt'")]
         (tmp_path / "r.json").write_text(json.dumps({"id": "srv_1", "name": "web1"}))
@@ -317,11 +306,8 @@ def test_a_host_lost_for_good_loses_no_intent(tmp_path: Path, db: str, s3: S3) -
     env = _env(**s3.env())
     current = [Run(("dispatch", 2))]
     with service(current) as svc:
-        go(current[0], [*CLI, "record", "--store", str(a_store), "--traj", "t", "--db", db,
-                        "--blobs", blobs, "--workspace", "none", "-o",
-                        str(tmp_path / "t.steno"), "--", sys.executable, "p.py", svc.url],
-           tmp_path, env)
-        assert current[0].killed.is_set()
+        _crashed_on_a(current[0], a_store, db, blobs, tmp_path, svc.url, env,
+                      "--workspace", "none")
         lock = a_store / "serve.lock"  # its host recorder goes with it
         if lock.exists() and lock.read_text().strip().isdigit():
             with contextlib.suppress(ProcessLookupError):
