@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from stenograph.cli.options import emit_json, json_stream_options
+from stenograph.cli.options import RECORDING, emit_json, json_stream_options
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.checkpoints import CheckpointInfo, checkpoints_of, times_at
 from stenograph.recorder.errors import BadInput, CorruptLog, StenographError
@@ -65,7 +65,7 @@ def _read(file: str) -> tuple[Any, list[CheckpointInfo]]:
 
 
 @checkpoint.command("ls")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=RECORDING)
 @json_stream_options("checkpoint")
 def checkpoint_ls(file: str, out: str) -> None:
     """List the checkpoints of a recording: index, turn, log position, files, bytes added.
@@ -95,7 +95,7 @@ def _at(value: str) -> str | int:
 
 
 @checkpoint.command("restore")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=RECORDING)
 @click.option("--at", "at_", required=True, metavar="N|start|end",
               help="The files as they were when the program sent its N-th model request "
               "(start: before it ran; end: after its tree exited).")

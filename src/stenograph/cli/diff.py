@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from stenograph.cli.options import RECORDING
 from stenograph.harness.divergence import analyze
 from stenograph.harness.source import open_input
 
@@ -19,8 +20,8 @@ def _short(v: Any, width: int = 100) -> str:
 
 
 @click.command("diff")
-@click.argument("a", type=click.Path(path_type=str))
-@click.argument("b", type=click.Path(path_type=str))
+@click.argument("a", type=RECORDING)
+@click.argument("b", type=RECORDING)
 @click.option("--traj-a", help="The trajectory of A, when A is a store holding several.")
 @click.option("--traj-b", help="The trajectory of B, when B is a store holding several.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")

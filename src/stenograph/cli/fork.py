@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from stenograph.cli.options import exit_code
+from stenograph.cli.options import RECORDING, exit_code
 from stenograph.harness import fork as forking
 from stenograph.recorder.errors import BadInput, ReplayDiverged
 from stenograph.recorder.inputs import input_file, output_file
@@ -29,7 +29,7 @@ def _url(value: str | None, name: str) -> str | None:
 
 
 @click.command("fork")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=RECORDING)
 @click.option("--at", "at", type=click.IntRange(min=1), required=True, metavar="N",
               help="The turn to change: the prefix before its model request is replayed.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),

@@ -19,7 +19,7 @@ import click
 
 from stenograph import __version__
 from stenograph.cli.options import emit_json, json_stream_options
-from stenograph.recorder.codec import Event
+from stenograph.recorder.codec import Event, Hole
 from stenograph.recorder.errors import WRITE_ERRNOS, BadInput, StenographError, WriteFailed
 from stenograph.recorder.inputs import input_file, output_file, traj_id
 from stenograph.recorder.reader import StoreReader, is_store
@@ -33,7 +33,7 @@ LAZY = {
     "resume": "resume", "regress": "regress", "status": "status", "settle": "status",
     "approve": "status", "deny": "status", "deliver": "status", "show": "show",
     "view": "view", "diff": "diff", "fork": "fork", "serve": "serve", "ship": "ship",
-    "drain": "ship",
+    "drain": "ship", "archive": "archive", "query": "archive",
 }
 """Commands that live in their own modules: ``stenograph.cli.<module>.<command>``."""
 
@@ -226,16 +226,18 @@ def log_verify(path: Path, as_json: bool) -> None:
     result: dict[str, Any] = {"path": str(path), "ok": True}
     if _kind_of_path(path) == "store":
         reader = StoreReader(path)
-        events = markers = 0
+        events = markers = archived = 0
         trajs: set[str] = set()
         for _seg, _off, _size, item in reader.frames():
             if isinstance(item, Event):
                 events += 1
                 trajs.add(item.traj)
+            elif isinstance(item, Hole):
+                archived += item.count
             else:
                 markers += 1
         result.update(kind="store", segments=len(reader.segments), events=events,
-                      batches=markers, trajectories=len(trajs),
+                      batches=markers, trajectories=len(trajs), archived_events=archived,
                       torn_tail=None if reader.torn is None else vars_of(reader.torn))
     else:
         tf = read_trajectory(path)

@@ -5,10 +5,13 @@ resume), the worker's lease, and the one JSON convention (``--json``: one docume
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
 import click
+
+from stenograph.recorder.errors import BadInput
 
 
 def json_stream_options(what: str) -> Any:
@@ -78,6 +81,54 @@ def lease_option(fn: Any) -> Any:
     return fn
 
 
+LABEL_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,62}")
+
+
+def parse_labels(pairs: tuple[str, ...] | list[str], opt: str = "--label") -> dict[str, str]:
+    """``k=v`` pairs as a dict: a key is a name (letters, digits, ``_.-``), a value any
+    text of at most 200 characters. One clear line for anything else."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not LABEL_KEY.fullmatch(key):
+            raise BadInput(f"{opt} wants KEY=VALUE, KEY a name (letters, digits, _.-): "
+                           f"{pair!r}")
+        if len(value) > 200 or any(ord(c) < 32 for c in value):
+            raise BadInput(f"{opt} {key}: a value is at most 200 printable characters")
+        out[key] = value
+    return out
+
+
+def label_filter(fn: Any) -> Any:
+    """``--label k=v`` on a listing: only trajectories labelled so (repeatable: all)."""
+    return click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
+                        help="Only trajectories recorded with this label (repeatable: "
+                        "every one must match).")(fn)
+
+
+def labels_match(labels: Any, want: dict[str, str]) -> bool:
+    have = labels if isinstance(labels, dict) else {}
+    return all(have.get(k) == v for k, v in want.items())
+
+
 def exit_code(status: int) -> int:
     """The exit status that passes the program's on: its code, or 128 + its signal."""
     return 128 - status if status < 0 else status
+
+
+class RecordingArg(click.ParamType):
+    """A recording: a ``.steno`` file, a store, or ``ARCHIVE#TRAJ`` (an archived
+    trajectory, brought back as a ``.steno`` in the cache: ``cold/restore.py``)."""
+
+    name = "recording"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        text = str(value)
+        if "#" not in text:
+            return text
+        from stenograph.cold.restore import materialize
+
+        return materialize(text)
+
+
+RECORDING = RecordingArg()

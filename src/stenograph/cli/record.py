@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from stenograph.cli.options import exit_code, lease_option, policy_options
+from stenograph.cli.options import exit_code, lease_option, parse_labels, policy_options
 from stenograph.recorder import keyshapes
 from stenograph.recorder.inputs import output_file, traj_id
 from stenograph.recorder.policy import authorizer_for
@@ -58,6 +58,10 @@ from stenograph.runner.workspace import plan as plan_workspace
 @click.option("--mtbf", type=click.FloatRange(min=0.001), default=4.0, show_default=True,
               metavar="HOURS", help="Mean time between failures the checkpoint cadence "
               "is chosen for.")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
+              help="Label the run (repeatable): `--label tenant=acme --label team=payments`. "
+              "Kept in its RunStarted; `status --label` and `show` show and filter by them, "
+              "and `archive` partitions by tenant.")
 @policy_options
 @lease_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -66,7 +70,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
            ws_not_secret: tuple[str, ...], ws_max: str | None,
            checkpoint_every: int | None, mtbf: float, policy_file: str | None,
            budget_tokens: int | None, budget_usd: float | None, prices_file: str | None,
-           lease_ttl: float, db: str | None, blobs: str | None,
+           lease_ttl: float, db: str | None, blobs: str | None, labels: tuple[str, ...],
            cmd: tuple[str, ...]) -> None:
     """Run CMD under the tape and record everything it reads from the world.
 
@@ -75,6 +79,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
     against the recorded files in a private mount namespace, and `stenograph checkpoint
     restore` gives the files at any turn."""
     argv = list(cmd)
+    wanted_labels = parse_labels(labels)
     traj = traj_id(traj) if traj is not None else (
         f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
     out = output_file(output if output else f"{traj}.steno")
@@ -88,7 +93,7 @@ def record(output: str | None, store_dir: str | None, traj: str | None, asyncio_
         argv, traj, out, store, keep_store=bool(store_dir), asyncio=asyncio_loop,
         workspace=ws, cadence=Cadence(mtbf=mtbf * 3600, every=checkpoint_every),
         authorizer=authorizer_for(policy_file, budget_tokens, budget_usd, prices_file),
-        lease_ttl=lease_ttl, shapes=shapes, db=db, blobs=blobs))
+        lease_ttl=lease_ttl, shapes=shapes, db=db, blobs=blobs, labels=wanted_labels))
     if rec.held is not None and rec.held.drained:
         click.echo(drained_line(str(store), traj), err=True)
         sys.exit(0)

@@ -11,12 +11,13 @@ from pathlib import Path
 import click
 
 from stenograph.ci import regress as rg
+from stenograph.cli.options import RECORDING
 from stenograph.errors import BadInput, CorruptLog, ReplayDiverged
 from stenograph.runner.buildcode import CodeMap
 
 
 @click.command("regress")
-@click.argument("directory", type=click.Path(file_okay=True, dir_okay=True))
+@click.argument("directory", type=RECORDING)
 @click.option("-j", "--jobs", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Replays run at once (each is sealed in its own mount namespace).")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None,

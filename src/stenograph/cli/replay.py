@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from stenograph.cli.options import RECORDING
 from stenograph.recorder.errors import BadInput, ReplayDiverged
 from stenograph.recorder.inputs import input_file
 from stenograph.runner import buildreplay
@@ -25,7 +26,7 @@ from stenograph.runner.workspace import SecretServed
 
 
 @click.command("replay")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=RECORDING)
 @click.option("--lenient", is_flag=True, help="Serve live values past a divergence; list all.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (program output "
               "is not passed through).")

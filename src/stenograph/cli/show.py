@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from stenograph.cli.options import RECORDING
 from stenograph.harness.documents import parent_line, summary_doc, turn_doc
 from stenograph.harness.source import Recording, open_input
 from stenograph.harness.trajectory import Trajectory, action_line, short
@@ -14,7 +15,7 @@ from stenograph.recorder.checkpoints import checkpoints_of
 
 
 @click.command("show")
-@click.argument("file", type=click.Path(path_type=str))
+@click.argument("file", type=RECORDING)
 @click.option("--turn", "turn", type=click.IntRange(min=1), metavar="N",
               help="One turn in full: the request the model received, its reply, the "
               "tool calls and their results, the nearest checkpoint, the tape position.")
@@ -56,6 +57,8 @@ def _summary(rec: Recording, tr: Trajectory, as_json: bool) -> None:
                f"{r.output_tokens} output tokens, {r.calls_made} call(s), {end}")
     if (line := parent_line(rec)) is not None:
         click.echo(line)
+    if isinstance(labels := tr.started.get("labels"), dict) and labels:
+        click.echo("labels: " + " ".join(f"{k}={v}" for k, v in sorted(labels.items())))
     for c in tr.before:
         click.echo(f"   0  {'':14s} {c.target}  {c.state}")
     for t in tr.turns:

@@ -15,7 +15,13 @@ from typing import Any
 
 import click
 
-from stenograph.cli.options import emit_json, json_stream_options
+from stenograph.cli.options import (
+    emit_json,
+    json_stream_options,
+    label_filter,
+    labels_match,
+    parse_labels,
+)
 from stenograph.recorder.didwhat import described
 from stenograph.recorder.errors import BadInput, StenographError
 from stenograph.recorder.inputs import traj_id
@@ -28,25 +34,29 @@ from stenograph.recorder.resumes import states
 @click.option("--db", "db_url", metavar="URL",
               help="Every host's trajectories, from the warm tier (a postgresql:// URL "
                    "`ship` fills): `status --db URL [TRAJ]`.")
+@label_filter
 @json_stream_options("trajectory")
-def status(store: Path | None, traj: str | None, db_url: str | None, out: str) -> None:
+def status(store: Path | None, traj: str | None, db_url: str | None, labels: tuple[str, ...],
+           out: str) -> None:
     """The state of each trajectory in STORE (or of TRAJ), and of its effects.
 
     --json prints one document: TRAJ's object (state, turns, epoch, `effects`,
     `approvals`), or for a whole store `{"trajectories": [...]}`; --jsonl one
     trajectory's object per line. With --db URL: every trajectory every host has
     shipped (host, state, last event, effects in doubt, approvals waiting, how long
-    since its store last shipped)."""
+    since its store last shipped). --label KEY=VALUE keeps the trajectories recorded
+    with that label (`record --label`)."""
+    want = parse_labels(labels)
     if db_url is not None:
         if traj is not None:
             raise BadInput("status --db takes one TRAJ at most (no STORE)", str(store))
-        _fleet(db_url, str(store) if store is not None else None, out)
+        _fleet(db_url, str(store) if store is not None else None, out, want)
         return
     if store is None:
         raise BadInput("status needs a STORE (or --db URL)", "status")
     if traj is not None:
         traj_id(traj)
-    found = states(store, traj)
+    found = [st for st in states(store, traj) if labels_match(st.labels, want)]
     live = _live(store)
 
     def doc(st: Any) -> dict[str, Any]:
@@ -65,8 +75,9 @@ def status(store: Path | None, traj: str | None, db_url: str | None, out: str) -
         now = live.get(st.traj)
         recording = (f"  recording: pid {now['pid']}, lag {now['lag']} event(s)"
                      if now else "")
+        tags = "".join(f"  {k}={v}" for k, v in sorted(st.labels.items()))
         click.echo(f"{st.traj}  {st.state}  turns {st.turns}  epoch {st.epoch}{holder}  "
-                   f"effects {len(st.effects)} ({doubt} in doubt){recording}")
+                   f"effects {len(st.effects)} ({doubt} in doubt){recording}{tags}")
         for e in st.effects:
             click.echo(f"    {e.call_id:<16} {e.state:<9} {e.target}"
                        + (f"  key {e.idempotency_key}" if e.idempotency_key else "")
@@ -79,7 +90,7 @@ def status(store: Path | None, traj: str | None, db_url: str | None, out: str) -
                        f"  {a.call}" + (f"  by {a.by}" if a.by else ""))
 
 
-def _fleet(url: str, traj: str | None, out: str) -> None:
+def _fleet(url: str, traj: str | None, out: str, want: dict[str, str]) -> None:
     """``status --db``: the warm tier's view of every host's trajectories."""
     from stenograph.warm.status import fleet_status
 
@@ -87,7 +98,7 @@ def _fleet(url: str, traj: str | None, out: str) -> None:
         raise BadInput("--db wants a postgresql:// URL", url)
     if traj is not None:
         traj_id(traj)
-    rows = fleet_status(url, traj)
+    rows = [r for r in fleet_status(url, traj) if labels_match(r.get("labels"), want)]
     if out == "json" and traj is not None:
         if rows:
             click.echo(json.dumps(rows[0], sort_keys=True))
@@ -103,7 +114,7 @@ def _fleet(url: str, traj: str | None, out: str) -> None:
 
     t = Table(box=None, pad_edge=False)
     for col in ("trajectory", "host", "state", "epoch", "last", "effects", "in doubt",
-                "approvals", "shipped"):
+                "approvals", "shipped", "labels"):
         t.add_column(col, justify="right" if col in ("effects", "in doubt", "approvals")
                      else "left")
     for r in rows:
@@ -112,7 +123,8 @@ def _fleet(url: str, traj: str | None, out: str) -> None:
                   "-" if r["epoch"] is None else str(r["epoch"]),
                   f"{r['last_kind']} #{r['last_seq']}",
                   str(r["effects"]), str(r["in_doubt"]), str(r["approvals_waiting"]),
-                  "-" if ago is None else f"{ago:.0f} s ago")
+                  "-" if ago is None else f"{ago:.0f} s ago",
+                  " ".join(f"{k}={v}" for k, v in sorted((r.get("labels") or {}).items())))
     Console(width=160, highlight=False).print(t)
 
 

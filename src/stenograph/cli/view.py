@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from stenograph.cli.options import RECORDING
 from stenograph.harness.source import Recording, open_input
 from stenograph.harness.viewer import DEFAULT_PAGE_SIZE, Run, page_count, render
 from stenograph.recorder.errors import BadInput
@@ -24,7 +25,7 @@ from stenograph.recorder.inputs import output_file
 
 
 @click.command("view")
-@click.argument("file", type=click.Path(path_type=str))
+@click.argument("file", type=RECORDING)
 @click.option("-o", "--output", required=True, metavar="PAGE.html",
               help="The page to write (replaced atomically if it exists).")
 @click.option("--diff", "other", metavar="OTHER",

@@ -116,6 +116,7 @@ def _result(cid: str, name: str, results: dict[str, Any], own: dict[str, Any]
 def summary_doc(rec: Recording, tr: Trajectory) -> dict[str, Any]:
     """Every turn in a line's worth: model, tokens, tool calls or the answer."""
     return {"traj": tr.traj, "file": rec.path, "parent": rec.parent,
+            "labels": tr.started.get("labels") or {},
             "turns": [{"turn": t.index, "model": t.reply.served_model,
                        "input_tokens": t.reply.input_tokens,
                        "output_tokens": t.reply.output_tokens,

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from stenograph.recorder.errors import BadInput, BadPayload
-from stenograph.recorder.kinds import check_kind
+from stenograph.recorder.kinds import HOLE_VERSION, check_kind
 
 FRAME_HEADER = struct.Struct("<II")
 MAX_FRAME = 64 << 20
@@ -160,6 +160,23 @@ class SaltedMarker(NamedTuple):
     tag: bytes
 
 
+class Hole(NamedTuple):
+    """``[first_lsn, count, "hole"]``: events ``first_lsn .. first_lsn + count - 1`` were
+    here, and were removed once archived (``recorder/compact.py``). The LSNs stay
+    accounted for: a reader still checks that none is missing, and none is reused."""
+
+    first_lsn: int
+    count: int
+
+
+HOLE_TAG = "hole"
+
+
+def hole(first_lsn: int, count: int) -> bytes:
+    """A framed hole (format version 2)."""
+    return frame(msgpack.packb((first_lsn, count, HOLE_TAG)))
+
+
 def marker(first_lsn: int) -> bytes:
     """A framed legacy batch marker ``[first_lsn]`` (stores without a salt)."""
     return frame(msgpack.packb((first_lsn,)))
@@ -244,8 +261,9 @@ def _checked(data: bytes, limit: int) -> Any:
     return obj
 
 
-def decode_payload(payload: bytes, format_version: int) -> Event | int | SaltedMarker:
-    """Decode a payload: an Event, a legacy marker's first LSN, or a salted marker.
+def decode_payload(payload: bytes, format_version: int) -> Event | int | SaltedMarker | Hole:
+    """Decode a payload: an Event, a legacy marker's first LSN, a salted marker, or (from
+    format version 2) a hole.
 
     Raise BadPayload if it is none of them; UnknownKind if the kind is not known.
     """
@@ -258,6 +276,11 @@ def decode_payload(payload: bytes, format_version: int) -> Event | int | SaltedM
         if len(obj[1]) != TAG_SIZE:
             raise BadPayload("batch marker tag has the wrong size")
         return SaltedMarker(obj[0], obj[1])
+    if len(obj) == 3 and obj[2] == HOLE_TAG and format_version >= HOLE_VERSION:
+        first, count = obj[0], obj[1]
+        if type(first) is not int or type(count) is not int or first < 1 or count < 1:
+            raise BadPayload("a hole with a bad range")
+        return Hole(first, count)
     if len(obj) != 6:
         raise BadPayload("payload is not an event envelope")
     lsn, traj, seq, prev, kind, body = obj

@@ -109,9 +109,11 @@ class TrajectoryState:
     effects: list[Effect] = field(default_factory=list)
     approvals: list[ApprovalState] = field(default_factory=list)
     events: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"traj": self.traj, "state": self.state, "turns": self.turns,
+                "labels": self.labels,
                 "epoch": self.epoch, "lease_holder": self.holder,
                 "exit_status": self.exit_status, "events": self.events,
                 "effects": [e.to_json() for e in self.effects],
@@ -131,6 +133,8 @@ def fold(traj: str, events: Iterable[Event], *, writer_alive: bool = False) -> T
     for ev in events:
         st.events += 1
         body = ev.body if isinstance(ev.body, dict) else {}
+        if ev.seq == 0 and ev.kind == "RunStarted" and isinstance(body.get("labels"), dict):
+            st.labels = {str(k): str(v) for k, v in body["labels"].items()}
         if ev.kind in ("ToolIntent", "Exchange") and body.get("channel") in (
                 "http", "tool", "net", "exec", "mcp"):
             pos = body.get("pos")

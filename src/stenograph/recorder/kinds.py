@@ -9,8 +9,17 @@ from __future__ import annotations
 
 from stenograph.recorder.errors import UnknownKind
 
-FORMAT_VERSION = 1
-"""Bumped whenever a kind is added or a frame/envelope layout changes."""
+FORMAT_VERSION = 2
+"""The newest version this build reads. Bumped whenever a kind is added or a
+frame/envelope layout changes."""
+
+WRITTEN_VERSION = 1
+"""The version new segments and ``.steno`` files are written in: nothing they hold
+needs more, so older builds read them."""
+
+HOLE_VERSION = 2
+"""Version 2 adds the hole frame (archived events removed from a segment). Only a
+segment that holds one is written as version 2 (``recorder/compact.py``)."""
 
 HARNESS_KINDS = frozenset(
     {

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stenograph.recorder.codec import SALT_SIZE, Event
+from stenograph.recorder.codec import SALT_SIZE, Event, Hole
 from stenograph.recorder.errors import BadInput, CorruptLog, NotAStore
 from stenograph.recorder.segment import (
     HEADER_SIZE,
@@ -121,8 +121,10 @@ class StoreReader:
                 yield lazy_chunk(ev, str(seg), off, size, self._versions[seg]) \
                     if lazy_tape else ev
 
-    def frames(self, *, skip_before: int = 0) -> Iterator[tuple[Path, int, int, Event | int]]:
-        """Every frame with its segment, offset and size; markers are ints.
+    def frames(self, *, skip_before: int = 0
+               ) -> Iterator[tuple[Path, int, int, Event | int | Hole]]:
+        """Every frame with its segment, offset and size; markers are ints, the events an
+        archive removed are ``Hole``s.
         ``skip_before``: segments whose events all come before that LSN are not read (a
         shipper's cursor); a trajectory first met after them starts where it is met."""
         expect_lsn: int | None = None
@@ -169,6 +171,11 @@ class StoreReader:
                             f"follow seq {prev_seq}/lsn {prev_lsn}", name, off)
                     seq_of[item.traj] = (item.seq, item.lsn)
                     expect_lsn += 1
+                elif isinstance(item, Hole):
+                    if item.first_lsn != expect_lsn:
+                        raise CorruptLog(f"a hole from lsn {item.first_lsn} where {expect_lsn} "
+                                         "was expected", name, off)
+                    expect_lsn += item.count
                 yield seg, off, size, item
             tail: Tail = scanner.tail  # type: ignore[assignment]
             if last:

@@ -57,7 +57,7 @@ from stenograph.recorder.errors import (
     StorePoisoned,
 )
 from stenograph.recorder.group_commit import CommitSettings, GroupCommit
-from stenograph.recorder.kinds import FORMAT_VERSION, KINDS, check_kind
+from stenograph.recorder.kinds import KINDS, WRITTEN_VERSION, check_kind
 from stenograph.recorder.reader import STORE_MARKER, StoreReader, TornTail, is_store, read_salt
 from stenograph.recorder.segment import (
     HEADER_SIZE,
@@ -203,7 +203,7 @@ def _refused(exc: StorePoisoned, path: Path) -> BaseException:
 def _write_metadata(path: Path, salt: bytes) -> None:
     """Write ``STENOGRAPH-STORE`` atomically (temp file, fsync, rename, fsync of the dir)."""
     tmp = path / (STORE_MARKER + ".tmp")
-    tmp.write_text(f"stenograph store\nformat {FORMAT_VERSION}\nsalt {salt.hex()}\n")
+    tmp.write_text(f"stenograph store\nformat {WRITTEN_VERSION}\nsalt {salt.hex()}\n")
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path / STORE_MARKER)
@@ -547,7 +547,7 @@ class Store:
             except OSError:  # a full disk: give back what the half-made segment took
                 tmp.unlink(missing_ok=True)
                 raise
-        header = SegmentHeader(WAL_MAGIC, FORMAT_VERSION, number, first_lsn)
+        header = SegmentHeader(WAL_MAGIC, WRITTEN_VERSION, number, first_lsn)
         fd = os.open(tmp, os.O_WRONLY)
         try:
             os.pwrite(fd, header.pack(), 0)

@@ -40,7 +40,7 @@ from stenograph.recorder.codec import (
     unpack,
 )
 from stenograph.recorder.errors import BadInput, CorruptLog, StenographError
-from stenograph.recorder.kinds import FORMAT_VERSION
+from stenograph.recorder.kinds import WRITTEN_VERSION
 from stenograph.recorder.reader import StoreReader
 from stenograph.recorder.segment import (
     HEADER_SIZE,
@@ -150,7 +150,7 @@ def write_trajectory(
             else:
                 refs.setdefault(ref.sha256, ref)
     header: dict[str, Any] = {
-        "format": FORMAT_VERSION,
+        "format": WRITTEN_VERSION,
         "stenograph": __version__,
         "traj": traj,
         "events": count,
@@ -163,7 +163,7 @@ def write_trajectory(
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(SegmentHeader(TRAJ_MAGIC, FORMAT_VERSION, 0, 0).pack())
+            f.write(SegmentHeader(TRAJ_MAGIC, WRITTEN_VERSION, 0, 0).pack())
             f.write(frame(msgpack.packb(header, use_bin_type=True)))
             written = 0
             for ev in events():

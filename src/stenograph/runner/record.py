@@ -67,6 +67,9 @@ class RecordRequest:
     """``--db``: the lease is the trajectory's row in the warm tier, which the store
     ships to as it commits."""
     blobs: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    """``--label k=v``: who the run is for (tenant, team...), kept in ``RunStarted``;
+    ``status`` filters on them and ``archive`` partitions by ``tenant``."""
 
 
 @dataclass
@@ -193,6 +196,7 @@ def _record_leased(req: RecordRequest, tmp: Path, ran: dict[str, Any],
             "shim": shim_version(),
             "stenograph": __version__,
             "started": time.time(),
+            **({"labels": dict(req.labels)} if req.labels else {}),
             "redaction": RedactionRules.from_env(shapes=shapes).to_body(),
             "sealed_state": snapshot_state(),  # what replay puts back (runner.seal.Seal)
             "asyncio": req.asyncio,

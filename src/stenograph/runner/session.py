@@ -234,6 +234,7 @@ class LiveSession:
         r, st, ex = self.result, self.stats, self.exchanges
         self.store.append(self.traj, "RunEnded", {
             "status": r.status,
+            "at": time.time(),
             "stdout_sha256": r.stdout_sha256,
             "stderr_sha256": r.stderr_sha256,
             "stdout_bytes": r.stdout_bytes,

@@ -1,0 +1,110 @@
+"""An archived trajectory as a ``.steno`` file again: ``ARCHIVE#TRAJ`` wherever a
+recording is taken (``replay``, ``replay --build``, ``regress``, ``show``, ``view``,
+``diff``, ``checkpoint``, ``fork``).
+
+The events come back from their Parquet file with the bodies the log packed, in seq
+order, each with its LSN and ``prev`` as the store had them; the blobs they need from
+the archive's blob store. The file is written once into the cache
+(``~/.cache/stenograph/archive/<archive id>/<traj>.steno``) and reused: an archived
+trajectory never changes.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from stenograph.cold.location import Location, cache_root, open_location
+from stenograph.recorder.blobs import BlobStore
+from stenograph.recorder.codec import Event, unpack
+from stenograph.recorder.errors import BadInput
+
+
+def split_ref(arg: str) -> tuple[str, str] | None:
+    """``ARCHIVE#TRAJ`` as (archive, traj), or None for anything else (a file name may
+    hold a ``#``: it is an archive reference only when the left side is one)."""
+    where, sep, traj = arg.rpartition("#")
+    if not sep or not where or not traj:
+        return None
+    if where.startswith("s3://") or (Path(where) / "STENOGRAPH-ARCHIVE").is_file():
+        return where, traj
+    return None
+
+
+def events_of_table(table: Any) -> dict[str, list[Event]]:
+    """The events a Parquet table holds, by trajectory, in seq order."""
+    cols = table.select(["traj", "seq", "lsn", "kind", "body"]).to_pydict()
+    by: dict[str, list[tuple[int, int, str, bytes]]] = {}
+    for traj, seq, lsn, kind, body in zip(cols["traj"], cols["seq"], cols["lsn"],
+                                          cols["kind"], cols["body"], strict=True):
+        by.setdefault(traj, []).append((seq, lsn, kind, body))
+    out: dict[str, list[Event]] = {}
+    for traj, rows in by.items():
+        rows.sort()
+        evs: list[Event] = []
+        for seq, lsn, kind, body in rows:
+            evs.append(Event(lsn, traj, seq, evs[-1].lsn if evs else None, kind, unpack(body)))
+        out[traj] = evs
+    return out
+
+
+def restore(loc: Location, traj: str, out: Path) -> Path:
+    """Write ``traj`` from ``loc`` to ``out`` (a ``.steno``)."""
+    import pyarrow.parquet as pq
+
+    from stenograph.cold.archive import archived_trajectories
+    from stenograph.recorder.gc import needed
+    from stenograph.recorder.trajfile import write_trajectory
+
+    info = archived_trajectories(loc).get(traj)
+    if info is None:
+        raise BadInput(f"the archive holds no trajectory {traj!r} (`stenograph query "
+                       f"{loc.url} \"SELECT traj FROM trajectories\"` lists them)", loc.url)
+    table = pq.read_table(io.BytesIO(loc.get(info["file"])),
+                          filters=[("traj", "=", traj)])
+    events = events_of_table(table).get(traj, [])
+    if len(events) != info["events"]:
+        raise BadInput(f"{traj}: {len(events)} events in {info['file']}, the batch says "
+                       f"{info['events']}", loc.url)
+    blobs = BlobStore(out.parent / "blobs")
+    walked: set[str] = set()
+    pulled = _Pull(loc, blobs)
+    for ev in events:
+        for sha in sorted(needed(pulled, ev, walked)):  # type: ignore[arg-type]
+            pulled.get(sha)
+    write_trajectory(out, traj, events, blobs=blobs,
+                     extra={"archive": loc.url, "batch": info["batch"]})
+    return out
+
+
+class _Pull:
+    """The archive's blobs, copied into a local blob store as they are read."""
+
+    def __init__(self, loc: Location, local: BlobStore) -> None:
+        self.loc, self.local = loc, local
+
+    def get(self, ref: Any) -> bytes:
+        sha = getattr(ref, "sha256", ref)
+        if self.local.has(sha):
+            return self.local.get(sha)
+        data = self.loc.get_blob(sha)
+        self.local.put(data)
+        return data
+
+    def has(self, sha: str) -> bool:
+        return True
+
+
+def materialize(arg: str) -> str:
+    """``arg`` itself, or for ``ARCHIVE#TRAJ`` the path of its ``.steno`` in the cache."""
+    ref = split_ref(arg)
+    if ref is None:
+        return arg
+    where, traj = ref
+    loc = open_location(where)
+    path = cache_root() / loc.archive_id / "runs" / f"{traj}.steno"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        restore(loc, traj, path)
+    return str(path)
