@@ -99,7 +99,11 @@ def _cases(m: dict[str, Any]) -> dict[tuple[str, ...], list[str]]:
     ship = {("ship",): [store, "--to", m["db"], "--once"],
             ("drain",): ["--db", m["db"], "--host", "no-such-host", "--wait", "0"]
             } if m["db"] else {}
+    arch = str(m["root"] / "archive")
     return {**ship,
+        # (nothing is old enough: the store stays whole for the cases after it)
+        ("archive",): [store, "--older-than", "9999d", "--to", arch],
+        ("query",): [arch, "SELECT count(*) AS n FROM trajectories"],
         ("bisect",): ["--good", good, "--bad", "HEAD", "--log", steno, "--repo", repo],
         ("checkpoint", "ls"): [steno],
         ("diff",): [steno, steno],
