@@ -316,3 +316,57 @@ def test_bad_input_is_one_line_and_changes_nothing(recorded: dict[str, Any], tmp
 def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and p.name != "LOCK"}
+
+
+def test_gc_under_a_retention_policy_keeps_every_trajectory_replayable(tmp_path: Path) -> None:
+    """A run checkpointed at every turn, and old tool output: ``gc --policy`` lets the
+    middle snapshots go and moves the tool output out; every kept trajectory still
+    exports and replays, and the moved output still reads from the store."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(REPO / "examples" / "agent.py", work / "agent.py")
+    (work / "notes.txt").write_text("deploy web1 tonight\n")
+    store = tmp_path / "store"
+    with ModelServer(script=script()) as srv:
+        p = subprocess.run([*CLI, "record", "--store", str(store), "--traj", "run",
+                            "--checkpoint-every", "1", "-o", str(tmp_path / "run.steno"),
+                            "--", sys.executable, "agent.py", "--workdir", "."], cwd=work,
+                           env=env(OPENAI_BASE_URL=srv.openai_base_url,
+                                   OPENAI_API_KEY="sk-gc"), capture_output=True, timeout=180)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")[-2000:]
+    want = p.stdout.decode()
+    alone(store, "the test")
+    output = random.Random(2).randbytes(200_000)
+    with Store(store) as s:  # a tool's big answer, long ago
+        ref = BlobStore(store / "blobs").put(output)
+        s.append("tool", "RunStarted", {"argv": ["x"], "started": 1.0})
+        s.append("tool", "Exchange", {"channel": "http", "at": 2.0, "request": {
+            "method": "GET", "url": "http://svc/report"}, "response": {
+            "status": 200, "headers": [], "body": ref.to_body()}})
+        s.append("tool", "RunEnded", {"status": 0, "at": 3.0})
+    cps = [e for e in StoreReader(store).events(traj="run") if e.kind == "Checkpoint"]
+    assert len(cps) >= 4
+    offload = tmp_path / "cold"
+    offload.mkdir()
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'snapshots_days = 0\ntool_output_days = 1\noffload_to = "{offload}"\n')
+    r = run("gc", str(store), "--policy", str(policy), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["snapshots_dropped"] == len(cps) - 2  # all but the start and the last
+    assert doc["offloaded"] == 1 and doc["removed"]["blobs"] > 0
+    assert not (store / "blobs" / ref.sha256[:2] / ref.sha256[2:]).exists()
+    assert BlobStore(store / "blobs").get(ref.sha256) == output  # read from the offload
+    for traj in ("run", "tool"):
+        out = tmp_path / f"{traj}-after.steno"
+        ex = run("log", "export", str(store), traj, "-o", str(out))
+        assert ex.returncode == 0, ex.stderr
+    rep = run("replay", str(tmp_path / "run-after.steno"), cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert rep.stdout == want
+    bad = tmp_path / "bad.toml"
+    bad.write_text("tool_output_days = 3\n")
+    before = _tree(store)
+    r = run("gc", str(store), "--policy", str(bad))
+    assert r.returncode == 2 and "needs offload_to" in r.stderr
+    assert _tree(store) == before

@@ -451,8 +451,11 @@ def log_scan(path: Path, secrets_: tuple[str, ...], shapes: bool, as_json: bool)
 @main.command("gc")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Count what would be removed; remove nothing.")
+@click.option("--policy", "policy_file", type=click.Path(path_type=Path), default=None,
+              metavar="FILE", help="A retention policy (TOML): snapshots_days, "
+              "tool_output_days, offload_to (docs/archive.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def gc_cmd(store: Path, dry_run: bool, as_json: bool) -> None:
+def gc_cmd(store: Path, dry_run: bool, policy_file: Path | None, as_json: bool) -> None:
     """Remove the blobs of STORE that no event needs, and stale temporary files.
 
     A blob is kept if a durable event references it, directly or through a
@@ -467,13 +470,21 @@ def gc_cmd(store: Path, dry_run: bool, as_json: bool) -> None:
     removes anything (exit 3). A torn tail is not an error: the events before it
     are what is kept. Delta chains need no compaction: they are cut at write time
     (a full manifest after 16 deltas).
+
+    \b
+    With --policy FILE (TOML), older blobs go too, never an event:
+      snapshots_days = 14     snapshots older than this, except each run's start
+                              (what a replay restores), pre-resume and last ones
+      tool_output_days = 30   tool output older than this is moved (copied, synced,
+      offload_to = "DIR"      then removed here) to DIR; the store still reads it
     """
-    from stenograph.recorder.gc import collect
+    from stenograph.recorder.gc import Retention, collect
     from stenograph.runner.hostrecorder import alone
 
     if is_store(store):
         alone(store, "gc")
-    r = collect(store, dry_run=dry_run)
+    policy = Retention.load(policy_file) if policy_file is not None else None
+    r = collect(store, dry_run=dry_run, policy=policy)
     if as_json:
         click.echo(json.dumps(r.to_json()))
         return
@@ -492,6 +503,11 @@ def gc_cmd(store: Path, dry_run: bool, as_json: bool) -> None:
                f"{r.kept} blob{'s' * (r.kept != 1)} ({size(r.kept_bytes)}) that {r.events} "
                f"events and {r.snapshots} snapshots reference")
     notes = []
+    if r.snapshots_dropped:
+        notes.append(f"the policy let {r.snapshots_dropped} old snapshot(s) go")
+    if r.offloaded:
+        notes.append(f"{r.offloaded} blob(s) of old tool output moved to "
+                     f"{policy.offload_to if policy else '?'}")
     if r.temp_kept:
         notes.append(f"{r.temp_kept} temporary files less than an hour old were left")
     if r.other_files:

@@ -157,13 +157,29 @@ class BlobStore:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            raise BadInput(f"blob {sha[:16]}... is missing", str(self.root)) from None
+            moved = self._offloaded()
+            if moved is None or not moved.has(sha):
+                raise BadInput(f"blob {sha[:16]}... is missing", str(self.root)) from None
+            return moved.get(sha)
         if hashlib.sha256(data).hexdigest() != sha:
             raise CorruptLog("blob content does not match its hash", str(path), 0)
         return data
 
     def has(self, sha256: str) -> bool:
-        return self.path_of(sha256).exists()
+        if self.path_of(sha256).exists():
+            return True
+        moved = self._offloaded()
+        return moved is not None and moved.has(sha256)
+
+    def _offloaded(self) -> BlobStore | None:
+        """Where ``gc --policy`` moved a store's old tool output (``STORE/OFFLOAD``)."""
+        try:
+            where = (self.root.parent / "OFFLOAD").read_text().strip()
+        except OSError:
+            return None
+        if not where or Path(where).resolve() == self.root.resolve():
+            return None
+        return BlobStore(where)
 
 
 def blob_refs(value: Any) -> list[BlobRef]:

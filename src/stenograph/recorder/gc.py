@@ -101,6 +101,11 @@ class GcReport:
     """Files in ``blobs/`` that are neither blobs nor temporary files: left alone."""
     torn_tail: TornTail | None = None
     seconds: float = 0.0
+    snapshots_dropped: int = 0
+    """Checkpoint snapshots a retention policy let go (their events stay)."""
+    offload: list[str] = field(default_factory=list, repr=False)
+    offloaded: int = 0
+    """Blobs of old tool output moved to the policy's offload store."""
     removed_shas: list[str] = field(default_factory=list, repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -112,6 +117,7 @@ class GcReport:
             "temp_removed": {"files": self.temp_removed, "bytes": self.temp_removed_bytes},
             "temp_kept": self.temp_kept, "missing": self.missing,
             "other_files": self.other_files,
+            "snapshots_dropped": self.snapshots_dropped, "offloaded": self.offloaded,
             "torn_tail": None if self.torn_tail is None else {
                 "segment": self.torn_tail.segment, "offset": self.torn_tail.offset,
                 "dropped": self.torn_tail.dropped, "reason": self.torn_tail.reason},
@@ -140,25 +146,100 @@ def _lock(path: Path, dry_run: bool) -> int | None:
     return fd
 
 
-def _live(path: Path, blobs: BlobStore, report: GcReport) -> set[str]:
-    """Every blob hash a durable event needs, snapshot closures included."""
+def _live(path: Path, blobs: BlobStore, report: GcReport,
+          policy: Retention | None = None, now: float = 0.0) -> set[str]:
+    """Every blob hash a durable event needs, snapshot closures included; under a
+    retention ``policy``, less what it lets go (``report.offload``: tool output to move to
+    the offload store before it is removed here)."""
     reader = StoreReader(path)
     live: set[str] = set()
     direct: set[str] = set()
     walked: set[str] = set()  # manifests whose closure is already in ``live``
+    cps: dict[str, list[tuple[Event, str, int, float]]] = {}
+    when: dict[str, float] = {}
+    old_output: set[str] = set()
     for seg, off, _size, ev in reader.frames():
         if not isinstance(ev, Event):
             continue
         report.events += 1
-        direct.update(referenced(ev.body))
+        stamp = ev.body.get("at") if ev.kind != "RunStarted" else ev.body.get("started")
+        if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
+            when[ev.traj] = float(stamp)
+        age = now - when.get(ev.traj, now)
+        refs = set(referenced(ev.body))
+        if (policy is not None and policy.tool_output_days is not None
+                and ev.kind == "Exchange" and ev.body.get("channel") in TOOL_CHANNELS
+                and age > policy.tool_output_days * 86400):
+            old_output |= refs
+        else:
+            direct |= refs
         snap = ev.body.get("snapshot") if ev.kind == "Checkpoint" else None
         if isinstance(snap, dict) and _is_sha(snap.get("$blob")):
             report.snapshots += 1
-            _closure(blobs, snap, live, walked, ev, str(seg), off)
+            cps.setdefault(ev.traj, []).append((ev, str(seg), off, age))
+    for found in cps.values():
+        for i, (ev, seg, off, age) in enumerate(found):
+            keep = (policy is None or policy.snapshots_days is None
+                    or i == len(found) - 1 or ev.body.get("at") in ("start", "pre-resume")
+                    or age <= policy.snapshots_days * 86400)
+            if keep:
+                _closure(blobs, ev.body["snapshot"], live, walked, ev, seg, off)
+            else:
+                report.snapshots_dropped += 1
     live |= direct
+    report.offload = sorted(old_output - live)
     report.missing = sum(1 for sha in direct if not blobs.has(sha))
     report.torn_tail = reader.torn
     return live
+
+
+TOOL_CHANNELS = frozenset({"http", "tool", "mcp", "exec", "net"})
+"""The exchanges whose bodies are tool output (the model's own are kept for ever)."""
+
+
+@dataclass(frozen=True)
+class Retention:
+    """A retention policy (``gc --policy FILE``, TOML)::
+
+        snapshots_days = 14      # a checkpoint's snapshot older than this goes, except
+                                 # each run's start (a replay's workspace), pre-resume
+                                 # and last (a resume's) snapshots
+        tool_output_days = 30    # tool output older than this moves to offload_to
+        offload_to = "/srv/steno-archive"   # a directory: its blobs/ takes it
+
+    Model requests and replies, intents, results and every event stay: only blobs go.
+    """
+
+    snapshots_days: float | None = None
+    tool_output_days: float | None = None
+    offload_to: Path | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> Retention:
+        import tomllib
+
+        try:
+            doc = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise BadInput("no such policy file", str(path)) from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise BadInput(f"not a TOML policy: {exc}", str(path)) from None
+        unknown = set(doc) - {"snapshots_days", "tool_output_days", "offload_to"}
+        if unknown:
+            raise BadInput(f"unknown policy key(s): {', '.join(sorted(unknown))}", str(path))
+        for key in ("snapshots_days", "tool_output_days"):
+            v = doc.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or v < 0):
+                raise BadInput(f"{key} wants a number of days (0 or more)", str(path))
+        off = doc.get("offload_to")
+        if doc.get("tool_output_days") is not None and not isinstance(off, str):
+            raise BadInput("tool_output_days needs offload_to (a directory): tool output is "
+                           "moved, never dropped, so a replay can still read it", str(path))
+        off_path = Path(off).expanduser() if isinstance(off, str) else None
+        if off_path is not None and not off_path.is_dir():
+            raise BadInput("offload_to is not a directory", str(off_path))
+        return cls(doc.get("snapshots_days"), doc.get("tool_output_days"), off_path)
 
 
 def needed(blobs: BlobStore, ev: Event, walked: set[str]) -> set[str]:
@@ -224,10 +305,11 @@ def _temp(name: str) -> str:
     return ".tmp" if name.startswith(".") and name.endswith(".tmp") else ""
 
 
-def collect(store: str | Path, *, dry_run: bool = False, now: float | None = None
-            ) -> GcReport:
+def collect(store: str | Path, *, dry_run: bool = False, now: float | None = None,
+            policy: Retention | None = None) -> GcReport:
     """Remove (``dry_run``: count) the blobs no durable event needs and stale temporary
-    files, holding the store's lock throughout."""
+    files, holding the store's lock throughout. With a retention ``policy``: old
+    snapshots too, and old tool output once copied (synced) to its offload store."""
     t0 = time.perf_counter()
     path = Path(store)
     check_store(path)
@@ -237,8 +319,11 @@ def collect(store: str | Path, *, dry_run: bool = False, now: float | None = Non
     fd = _lock(path, dry_run)
     try:
         blobs = BlobStore(path / "blobs")
-        live = _live(path, blobs, report)
         now = time.time() if now is None else now
+        live = _live(path, blobs, report, policy, now)
+        if report.offload and policy is not None and policy.offload_to is not None \
+                and not dry_run:
+            report.offloaded = offload(blobs, report.offload, path, policy.offload_to)
         doomed: list[tuple[Path, str, int]] = []
         for p, what, st in _entries(path / "blobs"):
             if what == ".tmp":
@@ -279,3 +364,29 @@ def collect(store: str | Path, *, dry_run: bool = False, now: float | None = Non
                 os.close(fd)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+OFFLOAD_FILE = "OFFLOAD"
+"""``STORE/OFFLOAD``: the blob directory old tool output was moved to (``BlobStore``
+reads a blob there when the store's own copy is gone)."""
+
+
+def offload(blobs: BlobStore, shas: list[str], store: Path, to: Path) -> int:
+    """Copy ``shas`` into ``to``'s blob directory (an archive's ``blobs/``, or ``to``
+    itself), synced, and name it in ``STORE/OFFLOAD`` before any is removed here."""
+    dest = BlobStore(to / "blobs" if (to / "STENOGRAPH-ARCHIVE").exists() else to)
+    moved = 0
+    for sha in shas:
+        if not blobs.has(sha):
+            continue
+        data = blobs.get(sha)
+        dest.put_new(data)
+        moved += 1
+    if moved:
+        dest.root.mkdir(parents=True, exist_ok=True)
+        dest.sync()
+        mark = store / OFFLOAD_FILE
+        tmp = store / (OFFLOAD_FILE + ".tmp")
+        tmp.write_text(str(dest.root.resolve()) + "\n")
+        os.replace(tmp, mark)
+    return moved
