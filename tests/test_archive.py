@@ -127,6 +127,10 @@ def test_archive_then_query_then_replay_from_the_archive(recorded: dict[str, Any
     assert shown.stdout == run("show", str(root / "g1.steno")).stdout
     assert "tenant=globex corp" in shown.stdout
     assert run("regress", f"{arch}#a2").returncode == 0
+    many = run("regress", str(arch), "--where", "tenant = 'acme'", "--json")
+    assert many.returncode == 0, many.stderr[-2000:]
+    assert sorted(o["file"] for o in json.loads(many.stdout)["logs"]) == ["a1.steno",
+                                                                         "a2.steno"]
     view = run("view", f"{arch}#a1", "-o", str(tmp_path / "a1.html"))
     assert view.returncode == 0 and (tmp_path / "a1.html").stat().st_size > 1000
 
@@ -370,3 +374,36 @@ def test_gc_under_a_retention_policy_keeps_every_trajectory_replayable(tmp_path:
     r = run("gc", str(store), "--policy", str(bad))
     assert r.returncode == 2 and "needs offload_to" in r.stderr
     assert _tree(store) == before
+
+
+@pytest.mark.soak
+def test_ten_thousand_runs_are_archived_and_queried(tmp_path: Path) -> None:
+    """make soak: 10,000 agent-shaped runs archived in 20 batches, asked a question whose
+    answer is also read from the store's own copy, and a sample brought back whole."""
+    from stenograph.testing.runs import DEPLOY_AND_FAILED, deploy_and_failed, write_runs
+
+    store, peer, arch = tmp_path / "store", tmp_path / "peer", tmp_path / "archive"
+    events = write_runs(store, 10_000, seed=4)
+    shutil.copytree(store, peer)
+    digests = {t: digest(evs) for t, evs in _by_traj(peer).items()}
+    r = run("archive", str(store), "--older-than", "0s", "--to", str(arch), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["archived"]) == 10_000 and len(doc["batches"]) == 20
+    assert doc["events"] == events and not list(StoreReader(store).events())
+    q = run("query", str(arch), "--json", "SELECT count(DISTINCT traj), count(*) FROM events")
+    assert json.loads(q.stdout)["rows"] == [[10_000, events]]
+    q = run("query", str(arch), "--json", DEPLOY_AND_FAILED)
+    assert [row[0] for row in json.loads(q.stdout)["rows"]] == deploy_and_failed(peer)
+    loc = open_location(str(arch))
+    for traj in random.Random(9).sample(sorted(digests), 20):
+        back = tmp_path / f"{traj}.steno"
+        restore(loc, traj, back)
+        assert digest(read_trajectory(back).events) == digests[traj]
+
+
+def _by_traj(store: Path) -> dict[str, list[Any]]:
+    by: dict[str, list[Any]] = {}
+    for ev in StoreReader(store).events():
+        by.setdefault(ev.traj, []).append(ev)
+    return by

@@ -375,9 +375,17 @@ def test_timeout_kills_its_command_where_the_recording_did(tmp_path: Path) -> No
     replay the killer's handler runs at its recorded point at once, long before the
     command has replayed its part (and before some of its processes exist): each victim
     dies of the signal where its own tape ends, and a process that exited when recorded
-    outlives it."""
+    outlives it.
+
+    The loop prints with the shell's own `echo`: had `date` printed, a `date` the kill
+    caught mid-run (sh killed while waiting for it) would be an orphan racing bash's
+    `rc=124` to the shared stdout, an order no tape holds (docs/determinism.md, "the
+    order of concurrent processes"): 1 recording in 40 beside three busy loops had the
+    orphan's line first, and every replay of it printed `rc=124` first (CI failed so).
+    With `echo`, each write comes before sh's death, which timeout waits for before it
+    exits, which bash waits for before it prints: an order replay keeps."""
     steno, out = record(tmp_path, ["bash", "-c", "timeout 0.35 sh -c 'while :; do "
-                                   "date +%N; sleep 0.1; done'; echo rc=$?"])
+                                   "echo $(date +%N); sleep 0.1; done'; echo rc=$?"])
     assert out.endswith(b"rc=124\n") and out.count(b"\n") >= 3, out
     for _ in range(3):
         code, rep = replay(tmp_path, steno)

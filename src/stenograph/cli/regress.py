@@ -32,11 +32,18 @@ from stenograph.runner.buildcode import CodeMap
               "this one holds its program.")
 @click.option("--env", "env_set", multiple=True, metavar="NAME=VALUE",
               help="Passed to every `replay --build` (the program's environment).")
+@click.option("--where", "where", metavar="SQL", default=None,
+              help="DIRECTORY is an archive: only the runs of `SELECT traj FROM "
+              "trajectories WHERE SQL` (e.g. \"tenant = 'acme' AND started > now() - "
+              "INTERVAL 30 DAY\"; docs/archive.md).")
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def regress(directory: str, jobs: int, junit_path: str | None, as_json: bool,
             code_globs: tuple[str, ...], map_set: tuple[str, ...], env_set: tuple[str, ...],
-            cmd: tuple[str, ...]) -> None:
+            where: str | None, cmd: tuple[str, ...]) -> None:
     """Build-replay every .steno under DIRECTORY against the code as it is now.
+
+    DIRECTORY may be an archive (`stenograph archive --to`, a directory or s3://): its
+    runs, or those --where selects, are brought back and replayed like files.
 
     Each log is one `stenograph replay --build` (model requests, tool calls, effects and
     the exit status strict; clocks, entropy and listings drift). `-- CMD` runs CMD
@@ -46,7 +53,14 @@ def regress(directory: str, jobs: int, junit_path: str | None, as_json: bool,
 
     Example: stenograph regress golden_logs -j 2 --junit regress.xml
     """
-    root = Path(directory)
+    from stenograph.cold.restore import is_archive, restore_where
+
+    if is_archive(directory):
+        root = restore_where(directory, where)
+    elif where is not None:
+        raise BadInput("--where selects runs of an archive; this is not one", directory)
+    else:
+        root = Path(directory)
     if not root.exists():
         raise BadInput("no such directory", directory)
     logs = rg.find_logs(root)

@@ -96,6 +96,38 @@ class _Pull:
         return True
 
 
+def is_archive(where: str) -> bool:
+    return where.startswith("s3://") or (Path(where) / "STENOGRAPH-ARCHIVE").is_file()
+
+
+def restore_where(where: str, sql: str | None) -> Path:
+    """The archive's runs (those ``SELECT traj FROM trajectories WHERE sql`` names) as
+    ``.steno`` files in a directory of the cache made for this selection."""
+    import hashlib
+
+    from stenograph.cold.query import run_query
+
+    loc = open_location(where)
+    ans = run_query(loc, "SELECT traj FROM trajectories" + (f" WHERE {sql}" if sql else "")
+                    + " ORDER BY traj")
+    trajs = [str(r[0]) for r in ans.rows]
+    if not trajs:
+        raise BadInput("no archived run matches" + (f" --where {sql}" if sql else ""), where)
+    runs = cache_root() / loc.archive_id / "runs"
+    pick = cache_root() / loc.archive_id / "selections" / hashlib.sha256(
+        "\n".join(trajs).encode()).hexdigest()[:16]
+    pick.mkdir(parents=True, exist_ok=True)
+    for traj in trajs:
+        path = runs / f"{traj}.steno"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            restore(loc, traj, path)
+        link = pick / path.name
+        if not link.exists():
+            link.symlink_to(path)
+    return pick
+
+
 def materialize(arg: str) -> str:
     """``arg`` itself, or for ``ARCHIVE#TRAJ`` the path of its ``.steno`` in the cache."""
     ref = split_ref(arg)

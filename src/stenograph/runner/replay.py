@@ -288,6 +288,11 @@ def judge(file: str, tape: Path, ended: dict[str, Any], result: RunResult,
         "exit_status": {"recorded": ended.get("status"), "replayed": result.status},
         "identical": same,
     }
+    sizes = {name: {"recorded": ended.get(f"{name}_bytes"), "replayed": n}
+             for name, n in (("stdout", result.stdout_bytes), ("stderr", result.stderr_bytes))
+             if not same[name]}
+    if sizes:  # what differs, where the bytes themselves are only hashed
+        report["sizes"] = sizes
     killed = prepare.killed_by(ended)
     if killed is not None:
         # A kill lands between two taped calls; the replay ends at the next one, so it
