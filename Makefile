@@ -85,7 +85,8 @@ bench: $(STAMP) $(USTAMP)
 	$(BIN)/python bench/commands.py
 
 soak: $(STAMP)
-	$(BIN)/pytest -q -m soak
+	STENO_SOAK=1 $(BIN)/pytest -q -m soak
+	STENO_SOAK=1 $(BIN)/pytest -q tests/test_sealed_tmp.py -k mktemp
 	STENO_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q tests/test_fuzz_readers.py
 	STENO_FRAMEWORK_RUNS=3x10 STENO_FRAMEWORK_RESUME=langgraph,openai_agents,pydantic_ai,litellm,smolagents \
 	    $(BIN)/pytest -q tests/test_frameworks.py

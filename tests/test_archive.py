@@ -133,21 +133,21 @@ def test_archive_then_query_then_replay_from_the_archive(recorded: dict[str, Any
                                                                          "a2.steno"]
     view = run("view", f"{arch}#a1", "-o", str(tmp_path / "a1.html"))
     assert view.returncode == 0 and (tmp_path / "a1.html").stat().st_size > 1000
+    build = run("replay", "--build", f"{arch}#a1", "--json", cwd=recorded["work"])
+    assert build.returncode == 0, build.stderr[-2000:]
 
     again = run("archive", str(store), "--older-than", "0s", "--to", str(arch), "--json")
     assert json.loads(again.stdout)["archived"] == []  # nothing twice
     assert len(archived_trajectories(open_location(str(arch)))) == 3
 
-    # the compacted store takes new runs as before
-    with ModelServer(script=script()) as srv:
-        p = subprocess.run([*CLI, "record", "--store", str(store), "--traj", "later",
-                            "-o", str(tmp_path / "later.steno"), "--", sys.executable,
-                            "agent.py", "--workdir", "."], cwd=recorded["work"],
-                           env=env(OPENAI_BASE_URL=srv.openai_base_url,
-                                   OPENAI_API_KEY="sk-cold"), capture_output=True, timeout=180)
-    assert p.returncode == 0, p.stderr.decode(errors="replace")[-2000:]
-    assert {ev.traj for ev in StoreReader(store).events()} == {"crashed", "later"}
-    assert run("replay", str(tmp_path / "later.steno")).returncode == 0
+    # the compacted store takes new events as before: no LSN used twice
+    alone(store, "the test")
+    last = StoreReader(store)
+    list(last.events())
+    with Store(store) as s:
+        assert s.append("later", "Note", {"n": 1}) == last.next_lsn
+        assert s.append("crashed", "Note", {"n": 2}) == last.next_lsn + 1
+    assert [ev.seq for ev in StoreReader(store).events(traj="crashed")] == [0, 1, 2]
 
 
 def _today() -> str:
@@ -219,7 +219,7 @@ def test_an_archive_killed_anywhere_and_run_again_loses_nothing_and_writes_nothi
         assert json.loads(n.stdout)["rows"] == [[24, 24 * 5]]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.binary(max_size=40)), min_size=1,
                 max_size=60), st.sets(st.integers(0, 5)), st.booleans())
 def test_dropping_trajectories_keeps_every_other_event_and_every_lsn(

@@ -89,10 +89,12 @@ def test_openai_agents(tmp_path: Path) -> None:
     _record_and_replay(Framework("agents", "openai_agents_agent.py"), tmp_path)
 
 
+@pytest.mark.soak  # (make test: langgraph and the Agents SDK; 60 s of a 10-min budget)
 def test_pydantic_ai(tmp_path: Path) -> None:
     _record_and_replay(Framework("pydantic_ai", "pydantic_ai_agent.py"), tmp_path)
 
 
+@pytest.mark.soak  # (make test: langgraph and the Agents SDK; 60 s of a 10-min budget)
 def test_litellm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # importorskip imports litellm here too: without this it fetches its price list
     # from GitHub at import (retrying with sleeps, as there is no network)
@@ -100,6 +102,7 @@ def test_litellm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _record_and_replay(Framework("litellm", "litellm_agent.py"), tmp_path)
 
 
+@pytest.mark.soak  # (make test: langgraph and the Agents SDK; 60 s of a 10-min budget)
 def test_smolagents(tmp_path: Path) -> None:
     _record_and_replay(
         Framework("smolagents", "smolagents_agent.py", "smolagents_script.json"), tmp_path)

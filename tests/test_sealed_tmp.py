@@ -31,13 +31,17 @@ def _identical(rep: dict) -> bool:
     return not rep["divergences"] and all(rep["identical"].values())
 
 
+RECORDINGS, REPLAYS = (1, 2) if not os.environ.get("STENO_SOAK") else (2, 3)
+"""make test: one recording, two sealed replays; make soak: two of three."""
+
+
 def test_mktemp_d_and_mktemp_replay_the_recorded_names(tmp_path: Path) -> None:
     cmd = ["bash", "-c", "mktemp -d; mktemp; mktemp -d --tmpdir=/var/tmp; mktemp -u"]
-    for r in range(2):
+    for r in range(RECORDINGS):
         steno, out = _record(tmp_path, cmd, f"mktemp{r}")
         names = out.decode().split()
         assert os.path.isdir(names[0]) and os.path.isfile(names[1])  # left behind
-        for _ in range(3):
+        for _ in range(REPLAYS):
             rep, _p = _replay(tmp_path, steno)
             assert _identical(rep), rep
         # the replays wrote into their private overlays: nothing new in the real /tmp

@@ -222,7 +222,7 @@ def _venv_tool(name: str) -> str:
 SH = "/bin/sh"
 
 CASES: list[Case] = [
-    Case("pytest tmp_path", [PY, "-m", "pytest", "-q", "test_two.py"], _pytest, quick=True,
+    Case("pytest tmp_path", [PY, "-m", "pytest", "-q", "test_two.py"], _pytest,
          after=((PY, "-m", "pytest", "-q", "test_two.py"),
                 (PY, "-m", "pytest", "-q", "test_two.py"))),
     Case("pytest --lf", [PY, "-m", "pytest", "-q", "--lf", "test_lf.py"], _pytest_lf,
