@@ -54,7 +54,7 @@ def _replay(tmp: Path, steno: Path) -> dict:
     return json.loads(p.stdout.decode().splitlines()[-1])
 
 
-@pytest.mark.parametrize("streams", [1, 2])
+@pytest.mark.parametrize("streams", [pytest.param(1, marks=pytest.mark.soak), 2])
 def test_overlapping_streams_replay_bit_for_bit(tmp_path: Path, streams: int) -> None:
     for r in range(RECORDINGS):
         steno = _record(tmp_path, f"r{r}", streams)

@@ -371,6 +371,7 @@ def package_repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
     return Repo(repo, log, shas, planted, tmp)
 
 
+@pytest.mark.soak  # (10 CPU-seconds of make test's budget; the bisect itself stays)
 def test_a_package_is_installed_per_revision_and_a_broken_one_skipped(
         package_repo: Repo) -> None:
     r = package_repo

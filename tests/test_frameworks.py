@@ -81,6 +81,7 @@ def _one_recording(fw: Framework, tmp_path: Path, replays: int) -> None:
         assert rep.stdout == rec.stdout
 
 
+@pytest.mark.soak  # (make test records, crashes, resumes and replays langgraph below)
 def test_langgraph(tmp_path: Path) -> None:
     _record_and_replay(Framework("langgraph", "langgraph_agent.py"), tmp_path)
 

@@ -32,8 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stenograph.cold.batches import archived_trajectories, committed
 from stenograph.cold.location import Location
-from stenograph.cold.rows import EVENT_COLUMNS, Finished, Rows, digest, finished, rows_of
+from stenograph.cold.rows import (
+    EVENT_COLUMNS,
+    Finished,
+    Rows,
+    digest,
+    events_of_table,
+    finished,
+    rows_of,
+)
 from stenograph.recorder.blobs import BlobRef, BlobStore
 from stenograph.recorder.codec import Event, unpack
 from stenograph.recorder.errors import BadInput, StenographError
@@ -256,26 +265,6 @@ class Archived:
                 "orphans_removed": self.orphans_removed, "seconds": round(self.seconds, 3)}
 
 
-def committed(loc: Location) -> dict[str, dict[str, Any]]:
-    """Every committed batch's manifest, by batch id."""
-    out = {}
-    for key in loc.keys("batches/"):
-        if key.endswith(".json"):
-            doc = json.loads(loc.get(key))
-            out[str(doc["batch"])] = doc
-    return out
-
-
-def archived_trajectories(loc: Location) -> dict[str, dict[str, Any]]:
-    """traj -> {batch, file, events, digest} over every committed batch (a later batch
-    wins: the same trajectory archived again after it was resumed)."""
-    out: dict[str, dict[str, Any]] = {}
-    for bid, doc in sorted(committed(loc).items(), key=lambda kv: kv[1]["created"]):
-        for traj, info in doc["trajectories"].items():
-            out[traj] = {**info, "batch": bid}
-    return out
-
-
 def archive(source: Source, loc: Location, *, older_than: float, now: float | None = None,
             batch_size: int = BATCH, progress: Callable[[int, int], None] | None = None,
             stop_after_commit: Callable[[str], None] | None = None) -> Archived:
@@ -393,8 +382,6 @@ def _bodies(source: Source) -> Callable[[Any], bytes]:
 def _verify(loc: Location, files: list[dict[str, Any]], trajs: dict[str, dict[str, Any]]) -> None:
     """Read every file back, as ``query`` and ``replay`` will, and check each trajectory
     against the digest of its source."""
-    from stenograph.cold.restore import events_of_table
-
     _, pq = _pa()
     for f in files:
         if not f["key"].startswith("events/"):

@@ -13,7 +13,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from stenograph.cold.archive import committed
+from stenograph.cold.batches import committed
 from stenograph.cold.location import Location
 from stenograph.recorder.errors import BadInput
 

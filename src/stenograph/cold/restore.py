@@ -15,9 +15,10 @@ import io
 from pathlib import Path
 from typing import Any
 
+from stenograph.cold.batches import archived_trajectories
 from stenograph.cold.location import Location, cache_root, open_location
+from stenograph.cold.rows import events_of_table
 from stenograph.recorder.blobs import BlobStore
-from stenograph.recorder.codec import Event, unpack
 from stenograph.recorder.errors import BadInput
 
 
@@ -32,28 +33,10 @@ def split_ref(arg: str) -> tuple[str, str] | None:
     return None
 
 
-def events_of_table(table: Any) -> dict[str, list[Event]]:
-    """The events a Parquet table holds, by trajectory, in seq order."""
-    cols = table.select(["traj", "seq", "lsn", "kind", "body"]).to_pydict()
-    by: dict[str, list[tuple[int, int, str, bytes]]] = {}
-    for traj, seq, lsn, kind, body in zip(cols["traj"], cols["seq"], cols["lsn"],
-                                          cols["kind"], cols["body"], strict=True):
-        by.setdefault(traj, []).append((seq, lsn, kind, body))
-    out: dict[str, list[Event]] = {}
-    for traj, rows in by.items():
-        rows.sort()
-        evs: list[Event] = []
-        for seq, lsn, kind, body in rows:
-            evs.append(Event(lsn, traj, seq, evs[-1].lsn if evs else None, kind, unpack(body)))
-        out[traj] = evs
-    return out
-
-
 def restore(loc: Location, traj: str, out: Path) -> Path:
     """Write ``traj`` from ``loc`` to ``out`` (a ``.steno``)."""
     import pyarrow.parquet as pq
 
-    from stenograph.cold.archive import archived_trajectories
     from stenograph.recorder.gc import needed
     from stenograph.recorder.trajfile import write_trajectory
 

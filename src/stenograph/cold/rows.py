@@ -24,7 +24,7 @@ from stenograph.harness.trajectory import (
     ToolIntent,
     ToolResult,
 )
-from stenograph.recorder.codec import Event, pack_body
+from stenograph.recorder.codec import Event, pack_body, unpack
 from stenograph.recorder.effects import fold
 from stenograph.recorder.resumes import view
 
@@ -181,3 +181,20 @@ def rows_of(traj: str, events: list[Event], bodies: Callable[[Any], bytes],
            "tool_failures": runs["failures"], "effects": runs["effects"],
            "digest": digest(events)}
     return Rows(traj, tenant, run["date"], model, cols, run)
+
+
+def events_of_table(table: Any) -> dict[str, list[Event]]:
+    """The events a Parquet table holds, by trajectory, in seq order."""
+    cols = table.select(["traj", "seq", "lsn", "kind", "body"]).to_pydict()
+    by: dict[str, list[tuple[int, int, str, bytes]]] = {}
+    for traj, seq, lsn, kind, body in zip(cols["traj"], cols["seq"], cols["lsn"],
+                                          cols["kind"], cols["body"], strict=True):
+        by.setdefault(traj, []).append((seq, lsn, kind, body))
+    out: dict[str, list[Event]] = {}
+    for traj, rows in by.items():
+        rows.sort()
+        evs: list[Event] = []
+        for seq, lsn, kind, body in rows:
+            evs.append(Event(lsn, traj, seq, evs[-1].lsn if evs else None, kind, unpack(body)))
+        out[traj] = evs
+    return out
