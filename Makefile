@@ -53,11 +53,8 @@ test: $(STAMP) $(USTAMP)
 	     (apt-get update >/dev/null && apt-get install -y golang-go >/dev/null))
 # four workers, a test file each (its module fixtures recorded once): the suite waits on
 # disks and children as much as on either core (three: 658 s here against 605 s for four,
-# unloaded). Then, alone, tests/test_kill.py, whose replays of trees killed at random
-# moments were seen to end short beside another worker's load (docs/determinism.md,
-# "killed runs"). `-m soak` (the oldest aiohttp's test run) is make soak's.
-	$(BIN)/pytest -n 4 --dist loadfile -m "not alone and not soak" --durations=25
-	$(BIN)/pytest -m alone
+# unloaded). `-m soak` is make soak's.
+	$(BIN)/pytest -n 4 --dist loadfile -m "not soak" --durations=25
 
 bench: $(STAMP) $(USTAMP)
 	$(BIN)/python bench/wal.py
