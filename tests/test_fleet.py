@@ -401,3 +401,41 @@ def test_drain_hands_every_live_run_over_and_resume_any_takes_each_once(
     again = subprocess.run([*CLI, "resume", str(b_store), "--any", "--db", db], cwd=tmp_path,
                            env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "no released trajectory" in again.stderr, again.stderr
+
+
+def test_a_worker_that_died_with_its_host_is_taken_over_by_resume_any(
+        tmp_path: Path, db: str, s3: S3) -> None:
+    """Nothing drains a worker whose host dies: its process group is killed (SIGKILL) in
+    the middle of its turns, and its lease (2 s to live) runs out unrenewed. ``resume
+    --any`` on host B finds it, brings it from the warm tier and runs it to its end; the
+    warm tier then holds one history of it, event for event B's."""
+    from stenograph.testing.model_server import ModelServer
+
+    (tmp_path / "agent.py").write_text(CHATTY)
+    a_store, b_store = tmp_path / "host-a", tmp_path / "host-b"
+    blobs = f"s3://{s3.bucket}/dead"
+    with ModelServer() as srv:
+        env = _env(**s3.env(), OPENAI_BASE_URL=srv.openai_base_url, OPENAI_API_KEY="sk-t")
+        a = subprocess.Popen([*CLI, "record", "--store", str(a_store), "--traj", "gone",
+                              "--workspace", "none", "--db", db, "--blobs", blobs,
+                              "--lease-ttl", "2", "-o", str(tmp_path / "gone.steno"), "--",
+                              sys.executable, "agent.py", "dead host"], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
+        try:
+            for _ in range(600):
+                if len(srv.requests_to("/v1/chat/completions")) >= 4:
+                    break
+                time.sleep(0.05)
+        finally:
+            os.killpg(a.pid, signal.SIGKILL)
+            a.communicate()
+        time.sleep(2.5)  # the lease runs out
+        res = subprocess.run([*CLI, "resume", str(b_store), "--any", "--db", db, "--blobs",
+                              blobs], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "1 of 1 released" in res.stderr, res.stderr
+    (st,) = states(b_store, "gone")
+    assert st.state == "ended", st.state
+    _one_history(b_store, db, "gone")

@@ -25,8 +25,9 @@ from stenograph.runner.session import Held
 @click.argument("store", type=click.Path(path_type=Path))
 @click.argument("traj", required=False)
 @click.option("--any", "pick_any", is_flag=True, help="With --db, no TRAJ: every trajectory "
-              "a `stenograph drain` released, each resumed into STORE by a worker of its "
-              "own (a trajectory another host took first is left to it).")
+              "not ended whose lease no worker holds (a `stenograph drain` released it, or "
+              "its worker died and the lease ran out), each resumed into STORE by a worker "
+              "of its own (a trajectory another host took first is left to it).")
 @click.option("--settle-http", type=click.Choice(["reissue", "escalate"]), default="reissue",
               show_default=True, help="An HTTP effect left in doubt: send it again with its "
               "recorded Idempotency-Key (reissue), or stop for a person (escalate, exit 4).")
@@ -86,7 +87,7 @@ def resume(store: Path, traj: str | None, pick_any: bool, settle_http: str,
 
 def _resume_any(store: Path, traj: str | None, db: str | None, blobs: str | None,
                 lease_ttl: float) -> None:
-    """``--any``: a worker per released trajectory (this command started again with the
+    """``--any``: a worker per released or orphaned trajectory (this command started again with the
     trajectory named), all at once; exits 0 when each ended, held or drained again, else
     with the first other status."""
     import os

@@ -211,13 +211,16 @@ def still_held(url: str, trajs: list[str]) -> list[str]:
 
 
 def released(url: str) -> list[str]:
-    """The trajectories a drain let go that no worker has taken since, and that have not
-    ended: what ``resume --any`` picks up."""
+    """The trajectories that have not ended and whose lease no worker holds: those a drain
+    let go, and those whose worker died (its host gone, the process killed) and let its
+    lease run out. What ``resume --any`` picks up. A lease runs out only after its time
+    to live unrenewed, and a worker that was only paused is fenced off by the epoch the
+    next one takes."""
     conn = connect(url)
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT l.trajectory_id FROM steno_leases l LEFT JOIN "
-                        "steno_trajectories t USING (trajectory_id) WHERE l.draining AND "
+                        "steno_trajectories t USING (trajectory_id) WHERE "
                         "l.expires_at <= now() AND coalesce(t.state, '') <> 'ended' "
                         "ORDER BY l.trajectory_id")
             return [r[0] for r in cur.fetchall()]
