@@ -261,11 +261,13 @@ print("server", r.status_code, r.json(), flush=True)
 """
 
 
+@pytest.mark.parametrize("how", ["settle", "deliver"])
 def test_an_effect_settled_through_the_db_is_not_made_again_on_another_host(
-        tmp_path: Path, db: str, s3: S3) -> None:
+        tmp_path: Path, db: str, s3: S3, how: str) -> None:
     """Host A is killed after the service made a server and before its answer (a
     request no key makes safe to send again). A person who found the server made says so
-    with ``settle --db ... --as done --result``; host B resumes: the program gets that
+    with ``settle --db ... --as done --result`` (or the service's webhook delivers the
+    late result: ``deliver --db ... --result``); host B resumes: the program gets that
     answer and no second server is made."""
     work = tmp_path / "work"
     work.mkdir()
@@ -281,9 +283,10 @@ def test_an_effect_settled_through_the_db_is_not_made_again_on_another_host(
         (call,) = [r[0] for r in q(db, "SELECT call_id FROM steno_effects WHERE "
                                        "state = 'in-doubt'")]
         (tmp_path / "r.json").write_text(json.dumps({"id": "srv_1", "name": "web1"}))
-        s = subprocess.run([*CLI, "settle", "--db", db, "t", call, "--as", "done",
-                            "--result", str(tmp_path / "r.json"), "--by", "ops"], env=env,
-                           capture_output=True, text=True, timeout=60)
+        word = ["settle", "--db", db, "t", call, "--as", "done"] if how == "settle" else \
+            ["deliver", "--db", db, "t", call]
+        s = subprocess.run([*CLI, *word, "--result", str(tmp_path / "r.json"), "--by", "ops"],
+                           env=env, capture_output=True, text=True, timeout=60)
         assert s.returncode == 0, s.stderr
         current[0] = Run(None, resume=True)
         b = subprocess.run([*CLI, "resume", str(b_store), "t", "--db", db, "--blobs", blobs],
@@ -292,7 +295,7 @@ def test_an_effect_settled_through_the_db_is_not_made_again_on_another_host(
         assert "server 200 {'id': 'srv_1', 'name': 'web1'}" in b.stdout
         assert svc.stats()["servers"] == 1
     (row,) = q(db, f"SELECT state, settled_by FROM steno_effects WHERE call_id = '{call}'")
-    assert row == ["settled", "Settled"]
+    assert row == ["settled", "Settled" if how == "settle" else "ToolResult"]
 
 
 def test_a_host_lost_for_good_loses_no_intent(tmp_path: Path, db: str, s3: S3) -> None:

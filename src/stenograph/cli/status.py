@@ -300,25 +300,35 @@ def _kept(store: Path, data: bytes) -> Any:
 
 
 @click.command("deliver")
-@click.argument("store", type=click.Path(path_type=Path))
-@click.argument("traj")
-@click.argument("call")
+@_held_call
 @click.option("--result", "result_file", type=click.Path(dir_okay=False, path_type=Path),
               required=True, help="A JSON file: the call's result.")
 @click.option("--by", default=None, help="Who or what delivers it (kept in the log).")
-def deliver(store: Path, traj: str, call: str, result_file: Path, by: str | None) -> None:
+def deliver(store: Path | None, traj: str | None, call: str | None, db_url: str | None,
+            result_file: Path, by: str | None) -> None:
     """Deliver the late result of an effect of TRAJ whose answer never came back (an
     asynchronous tool: a job finished, a webhook fired). It goes into the log as a
-    `ToolResult`; the next `resume` hands it to the program instead of calling again."""
+    `ToolResult`; the next `resume` hands it to the program instead of calling again.
+    With --db URL (no STORE), from any machine: it waits in the warm tier until `resume
+    --db` on the host that runs the trajectory writes it into the log."""
     from stenograph.recorder.inputs import input_file
     from stenograph.runner.hostrecorder import open_writer
 
-    traj_id(traj)
+    store, traj, call = _where(store, traj, call, db_url)
     input_file(str(result_file))
     try:
         result = json.loads(result_file.read_text())
     except ValueError as exc:
         raise BadInput(f"--result is not JSON: {exc}", str(result_file)) from None
+    if db_url is not None:
+        from stenograph.warm.decisions import DELIVERED
+        from stenograph.warm.decisions import settle as settle_in_db
+
+        what = settle_in_db(db_url, traj, call, DELIVERED, by, result, None, None)
+        click.echo(f"stenograph: {traj} {call} ({what}): result delivered to the warm tier; "
+                   f"`stenograph resume STORE {traj} --db URL` hands it over", err=True)
+        return
+    assert store is not None
     (st,) = states(store, traj)
     if st.state == "ended":
         raise BadInput(f"{traj} has ended: a result delivered now would reach no one",

@@ -65,6 +65,10 @@ def decide(url: str, traj: str, call: str, decision: str, by: str,
     return str(_run(url, tx))
 
 
+DELIVERED = "delivered"
+"""A settlement row that is a late result (``deliver --db``), not a person's word."""
+
+
 def settle(url: str, traj: str, call: str, as_: str, by: str | None, result: Any,
            output: bytes | None, exit_status: int | None) -> str:
     """Record a person's word on the effect ``call`` in doubt; its target."""
@@ -106,6 +110,10 @@ def waiting(url: str, traj: str) -> list[Decision]:
                     "FROM steno_settlements WHERE trajectory_id = %s ORDER BY decided_at",
                     (traj,))
         for call, as_, result, output, exit_status, by in cur.fetchall():
+            if as_ == DELIVERED:  # a late result: the ToolResult `deliver` appends
+                out.append(Decision("ToolResult", call, {"call_id": call, "result": result,
+                                                         "by": by, "as": "done"}))
+                continue
             body: dict[str, Any] = {"call_id": call, "as": as_, "result": result, "by": by}
             if output is not None:
                 body.update(output=bytes(output), exit=exit_status or 0)
