@@ -10,8 +10,9 @@ A run of ``archive`` works in batches (``BATCH`` trajectories at most). For each
 4. ``batches/<batch>.json`` is written: the commit. Only files a committed batch names
    exist for ``query`` and ``replay``; a killed run's files are orphans, removed by the
    next run;
-5. only then are the live copies removed: a store's segments compacted
-   (``recorder/compact.py``), or the warm tier's rows deleted.
+5. once every batch of the run is committed, the live copies are removed: a store's
+   segments compacted (``recorder/compact.py``: one pass for the whole run, since it
+   reads every segment), or the warm tier's rows deleted.
 
 Killed anywhere, a rerun loses nothing and writes nothing twice: a trajectory a
 committed batch holds is skipped (its live copy, if still there, is removed once its
@@ -283,7 +284,6 @@ def archive(source: Source, loc: Location, *, older_than: float, now: float | No
             bid = _write_batch(source, loc, batch, out)
             if stop_after_commit is not None:
                 stop_after_commit(bid)
-            out.removed_events += source.remove({c.traj for c in batch})
             done_here.update(c.traj for c in batch)
             batch.clear()
             if progress is not None:
@@ -306,8 +306,8 @@ def archive(source: Source, loc: Location, *, older_than: float, now: float | No
         if len(batch) >= batch_size:
             flush()
     flush()
-    if stale:
-        out.removed_events += source.remove(stale)
+    if stale or done_here:  # once, at the end: a store's compaction reads every segment
+        out.removed_events += source.remove(stale | done_here)
     out.seconds = time.monotonic() - t0
     return out
 
