@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -30,10 +31,47 @@ def record(tmp: Path, argv: list[str], name: str = "run") -> tuple[Path, bytes]:
 
 
 def replay(tmp: Path, steno: Path, *extra: str) -> tuple[int, dict]:
-    p = subprocess.run([*CLI, "replay", str(steno), "--json", *extra], cwd=tmp,
-                       capture_output=True, timeout=120)
-    assert p.stdout, p.stderr.decode()
-    return p.returncode, json.loads(p.stdout.decode().splitlines()[-1])
+    p = subprocess.Popen([*CLI, "replay", str(steno), "--json", *extra], cwd=tmp,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # what each process of the tree waits in, then stop
+        where = _stuck(p.pid)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise AssertionError(f"the replay did not end in 120 s; its tree:\n{where}") from None
+    assert out, err.decode()
+    return p.returncode, json.loads(out.decode().splitlines()[-1])
+
+
+def _stuck(root: int) -> str:
+    """Each process of ``root``'s tree (orphans its subreaper adopted too): its command,
+    and for each thread its state, kernel wait channel and system call."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    lines, todo = [], [(root, 0)]
+    while todo:
+        pid, depth = todo.pop()
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+            tasks = []
+            for t in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+                base = f"/proc/{pid}/task/{t}"
+                state = Path(f"{base}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                tasks.append(f"{t}:{state}:{Path(f'{base}/wchan').read_text()}:"
+                             f"{Path(f'{base}/syscall').read_text().split()[0]}")
+        except OSError:
+            continue
+        lines.append(f"{'  ' * depth}{pid} {cmd.decode(errors='replace')} [{' '.join(tasks)}]")
+        todo.extend((k, depth + 1) for k in kids.get(pid, []))
+    return "\n".join(lines)
 
 
 def roundtrip(tmp: Path, argv: list[str]) -> bytes:
