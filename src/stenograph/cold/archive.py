@@ -132,7 +132,6 @@ class StoreSource(Source):
         self.name = str(path)
         self.blobs = BlobStore(path / "blobs")
         self.fd = _lock(path, dry_run=False)
-        self.removed = None
 
     def candidates(self) -> Iterator[Candidate]:
         from stenograph.recorder.reader import StoreReader
@@ -153,8 +152,7 @@ class StoreSource(Source):
     def remove(self, trajs: set[str]) -> int:
         from stenograph.recorder.compact import drop_trajectories
 
-        self.removed = drop_trajectories(self.path, trajs)
-        return self.removed.events
+        return drop_trajectories(self.path, trajs).events
 
     def close(self) -> None:
         if self.fd is not None:
@@ -267,8 +265,8 @@ class Archived:
 
 
 def archive(source: Source, loc: Location, *, older_than: float, now: float | None = None,
-            batch_size: int = BATCH, progress: Callable[[int, int], None] | None = None,
-            stop_after_commit: Callable[[str], None] | None = None) -> Archived:
+            batch_size: int = BATCH,
+            progress: Callable[[int, int], None] | None = None) -> Archived:
     """Archive ``source``'s finished trajectories that ended ``older_than`` seconds ago or
     more into ``loc``; remove their live copies once committed and verified."""
     t0 = time.monotonic()
@@ -281,9 +279,7 @@ def archive(source: Source, loc: Location, *, older_than: float, now: float | No
 
     def flush() -> None:
         if batch:
-            bid = _write_batch(source, loc, batch, out)
-            if stop_after_commit is not None:
-                stop_after_commit(bid)
+            _write_batch(source, loc, batch, out)
             done_here.update(c.traj for c in batch)
             batch.clear()
             if progress is not None:
